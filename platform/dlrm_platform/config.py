@@ -1,0 +1,393 @@
+"""Typed job configuration.
+
+One pydantic model per stage (data, ingest, train, tuner, tracking), composed
+into :class:`JobConfig`. Every model forbids unknown keys. YAML is read only by
+:func:`load_job_config`, called from entry points; everything below an entry
+point receives the typed objects. Objects that cross a Ray boundary are
+re-validated on the far side with ``Model.model_validate(obj.model_dump())``
+(see :func:`revalidate`).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dlrm_platform.errors import UserError
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "DatasetSchema",
+    "IngestConfig",
+    "JobConfig",
+    "OperatorConfig",
+    "OperatorsConfig",
+    "RayClusterConfig",
+    "SideColumns",
+    "SyntheticDataConfig",
+    "TrackingConfig",
+    "TrainConfig",
+    "TunerConfig",
+    "apply_overrides",
+    "format_validation_error",
+    "load_job_config",
+    "revalidate",
+]
+
+
+class ConfigError(UserError, ValueError):
+    """A job config that cannot be used. The message names the file and field path."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------- data
+
+
+class SideColumns(StrictModel):
+    """The columns of one side (user or item) of a sample, by kind."""
+
+    dense: list[str] = Field(default_factory=list, description="float/int columns, one value per sample")
+    categorical: list[str] = Field(default_factory=list, description="integer id columns, one id per sample")
+    multi_hot: list[str] = Field(default_factory=list, description="list<integer> columns, e.g. a user history")
+
+
+class DatasetSchema(StrictModel):
+    """What a Parquet dataset holds, declared in the job config.
+
+    User-side columns are shared by every sample of a session; item-side
+    columns vary per sample. Categorical and multi-hot columns each get an
+    embedding table named after the column.
+    """
+
+    label: str = "label"
+    session_key: str | None = Field(
+        default=None, description="column identifying the session (one user); enables deduplication"
+    )
+    user: SideColumns = Field(default_factory=SideColumns)
+    item: SideColumns = Field(default_factory=SideColumns)
+
+    @model_validator(mode="after")
+    def _check_columns(self) -> DatasetSchema:
+        names = [self.label, *([self.session_key] if self.session_key else []), *self.feature_columns]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"columns declared more than once: {dupes}")
+        if not self.dense_columns:
+            raise ValueError("at least one dense column is required (user.dense or item.dense)")
+        if not self.sparse_features:
+            raise ValueError("at least one categorical or multi_hot column is required")
+        return self
+
+    @property
+    def dense_columns(self) -> list[str]:
+        """Dense columns in model order: user side, then item side."""
+        return [*self.user.dense, *self.item.dense]
+
+    @property
+    def user_sparse_features(self) -> list[str]:
+        return [*self.user.categorical, *self.user.multi_hot]
+
+    @property
+    def item_sparse_features(self) -> list[str]:
+        return [*self.item.categorical, *self.item.multi_hot]
+
+    @property
+    def sparse_features(self) -> list[str]:
+        """Sparse features in KeyedJaggedTensor key order: user side, then item side."""
+        return [*self.user_sparse_features, *self.item_sparse_features]
+
+    @property
+    def multi_hot_columns(self) -> list[str]:
+        return [*self.user.multi_hot, *self.item.multi_hot]
+
+    @property
+    def feature_columns(self) -> list[str]:
+        return [*self.dense_columns, *self.sparse_features]
+
+    @property
+    def columns(self) -> list[str]:
+        """Every column the pipeline reads."""
+        key = [self.session_key] if self.session_key else []
+        return [self.label, *key, *self.feature_columns]
+
+
+class SessionLengthConfig(StrictModel):
+    """Distribution of samples per session."""
+
+    distribution: Literal["fixed", "poisson", "geometric"] = "poisson"
+    mean: float = Field(8.0, ge=1.0)
+    max: int = Field(64, ge=1)
+
+
+class SyntheticDataConfig(StrictModel):
+    """Parameters of the synthetic session generator (`dlrm-platform gen-data`)."""
+
+    seed: int = 0
+    num_sessions: int = Field(20_000, ge=1)
+    samples_per_session: SessionLengthConfig = Field(default_factory=SessionLengthConfig)
+    num_user_categorical: int = Field(3, ge=1)
+    num_user_dense: int = Field(3, ge=0)
+    num_item_categorical: int = Field(3, ge=1)
+    num_item_dense: int = Field(3, ge=0)
+    user_vocab_size: int = Field(100_000, ge=2)
+    item_vocab_size: int = Field(50_000, ge=2)
+    history_length: tuple[int, int] = (20, 100)
+    zipf_exponent: float = Field(1.1, gt=1.0)
+    layout: Literal["random", "clustered"] = Field(
+        "random", description="random: rows shuffled as logs land; clustered: rows grouped by session"
+    )
+    rows_per_shard: int = Field(50_000, ge=1)
+    eval_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+
+    @field_validator("history_length")
+    @classmethod
+    def _check_history(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if not 1 <= v[0] <= v[1]:
+            raise ValueError("history_length must be [min, max] with 1 <= min <= max")
+        return v
+
+
+class DataConfig(StrictModel):
+    """Where the dataset lives and what it holds.
+
+    ``path`` holds one directory per split (``train/``, ``eval/``) of Parquet
+    files. Relative paths resolve against the working directory.
+    """
+
+    path: Path
+    format: Literal["parquet"] = "parquet"
+    columns: DatasetSchema
+    train_split: str = "train"
+    eval_split: str = "eval"
+    synthetic: SyntheticDataConfig | None = Field(
+        default=None, description="how `dlrm-platform gen-data` generates this dataset"
+    )
+
+    def split_dir(self, split: str) -> Path:
+        return self.path / split
+
+
+# --------------------------------------------------------------------------- ingest
+
+
+class OperatorConfig(StrictModel):
+    """Resources of one pipeline operator. The tuner may change these while it runs."""
+
+    concurrency: int = Field(1, ge=1, description="parallel tasks (or actors) of this operator")
+    num_cpus: float = Field(0.5, gt=0, description="CPUs reserved by each task")
+
+
+class OperatorsConfig(StrictModel):
+    """One knob per named pipeline operator, in pipeline order."""
+
+    read: OperatorConfig = Field(default_factory=OperatorConfig)
+    parse: OperatorConfig = Field(default_factory=OperatorConfig)
+    dense_transform: OperatorConfig = Field(default_factory=OperatorConfig)
+    sparse_transform: OperatorConfig = Field(default_factory=OperatorConfig)
+    batch: OperatorConfig = Field(default_factory=OperatorConfig)
+
+
+class IngestConfig(StrictModel):
+    """The Ray Data preprocessing pipeline."""
+
+    batch_size: int = Field(1024, ge=1, description="samples per training batch (per worker)")
+    hash_size: int = Field(100_000, ge=2, description="rows of each embedding table unless overridden")
+    hash_sizes: dict[str, int] = Field(default_factory=dict, description="per-feature table sizes")
+    max_history_length: int = Field(100, ge=1, description="multi-hot lists are truncated to this length")
+    dense_log1p: bool = Field(True, description="fill missing dense values with 0, then log1p(max(x, 0))")
+    dedup: bool | None = Field(
+        default=None, description="RecD deduplication; None means on when the data has a session key"
+    )
+    data_cpus: float | None = Field(
+        default=None, gt=0, description="CPUs for Ray Data; default: the cluster's CPUs minus the trainers'"
+    )
+    prefetch_batches: int = Field(2, ge=0, description="batches each trainer prefetches ahead")
+    operators: OperatorsConfig = Field(default_factory=OperatorsConfig)
+
+    def table_size(self, feature: str) -> int:
+        return self.hash_sizes.get(feature, self.hash_size)
+
+
+# --------------------------------------------------------------------------- train
+
+
+class TrainConfig(StrictModel):
+    """Ray Train + TorchRec DLRM training."""
+
+    num_workers: int = Field(1, ge=1)
+    cpus_per_worker: float = Field(1.0, gt=0)
+    use_gpu: bool = False
+    epochs: int = Field(1, ge=1)
+    max_steps_per_epoch: int | None = Field(default=None, ge=1)
+    embedding_dim: int = Field(16, ge=1)
+    bottom_mlp: list[int] = Field(default_factory=lambda: [64, 16], min_length=1)
+    top_mlp: list[int] = Field(default_factory=lambda: [64, 1], min_length=1)
+    dense_optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
+    learning_rate: float = Field(0.05, gt=0)
+    embedding_learning_rate: float = Field(0.05, gt=0)
+    precision: Literal["auto", "fp32", "bf16"] = "fp32"
+    sharding: Literal["auto", "table_wise", "data_parallel", "column_wise", "table_column_wise"] = "auto"
+    log_every_steps: int = Field(20, ge=1)
+    checkpoint_every_steps: int | None = Field(default=None, ge=1)
+    max_failures: int = Field(1, ge=0, description="worker failures Ray Train recovers from")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_mlps(self) -> TrainConfig:
+        if self.bottom_mlp[-1] != self.embedding_dim:
+            raise ValueError(
+                f"bottom_mlp must end in embedding_dim ({self.embedding_dim}), got {self.bottom_mlp[-1]}"
+            )
+        if self.top_mlp[-1] != 1:
+            raise ValueError(f"top_mlp must end in 1 (the logit), got {self.top_mlp[-1]}")
+        return self
+
+
+# --------------------------------------------------------------------------- tuner
+
+
+class TunerConfig(StrictModel):
+    """Per-operator concurrency control of the live pipeline."""
+
+    policy: Literal["static", "ray_default", "plumber", "hill_climb", "rl", "oracle"] = "static"
+    interval_s: float = Field(1.0, gt=0, description="seconds between observations/actions")
+    policy_path: Path | None = Field(default=None, description="RL policy checkpoint; None = the shipped one")
+    object_store_limit_fraction: float = Field(
+        0.8, gt=0, le=1, description="actions that would push object-store use past this share are masked"
+    )
+
+
+# --------------------------------------------------------------------------- tracking
+
+
+class TrackingConfig(StrictModel):
+    """MLflow tracking. With no ``tracking_uri``, a sqlite store under ``runs_dir``."""
+
+    tracking_uri: str | None = None
+    runs_dir: Path = Path("runs")
+    experiment: str = "dlrm-platform"
+    run_name: str | None = None
+    log_model: bool = True
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class RayClusterConfig(StrictModel):
+    """How the entry point reaches Ray. ``address=None`` starts a local cluster."""
+
+    address: str | None = None
+    num_cpus: int | None = Field(default=None, ge=1, description="CPUs of a local cluster (default: all)")
+
+
+# --------------------------------------------------------------------------- job
+
+
+class JobConfig(StrictModel):
+    """A whole training job: one per `dlrm-platform run`."""
+
+    name: str = "dlrm"
+    data: DataConfig
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    tuner: TunerConfig = Field(default_factory=TunerConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    ray: RayClusterConfig = Field(default_factory=RayClusterConfig)
+
+    @property
+    def dedup_enabled(self) -> bool:
+        if self.ingest.dedup is None:
+            return self.data.columns.session_key is not None
+        return self.ingest.dedup
+
+    @model_validator(mode="after")
+    def _check_dedup(self) -> JobConfig:
+        if self.ingest.dedup and self.data.columns.session_key is None:
+            raise ValueError("ingest.dedup is true but data.columns.session_key is not set")
+        return self
+
+
+# --------------------------------------------------------------------------- loading
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line per problem: ``source: field.path: message``."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (not a field of this section)"
+        elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], dict | list):
+            msg = f"{msg} (got {e['input']!r})"
+        lines.append(f"{source}: {loc}: {msg}")
+    return "invalid job config:\n  " + "\n  ".join(lines)
+
+
+def _parse_override_value(raw: str) -> Any:
+    return yaml.safe_load(raw) if raw != "" else ""
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:
+    """Apply dotted-path overrides (``{"train.epochs": 2}`` or ``["train.epochs=2"]``) to a raw config dict."""
+    out = copy.deepcopy(raw)
+    if not overrides:
+        return out
+    if isinstance(overrides, list):
+        pairs: dict[str, Any] = {}
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} must look like section.field=value")
+            key, value = item.split("=", 1)
+            pairs[key.strip()] = _parse_override_value(value)
+        overrides = pairs
+    for dotted, value in overrides.items():
+        node = out
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def parse_job_config(raw: Any, source: str = "<config>", overrides: dict[str, Any] | list[str] | None = None) -> JobConfig:
+    """Validate an already-parsed config mapping. Raises :class:`ConfigError`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a job config must be a mapping of sections, got {type(raw).__name__}")
+    raw = apply_overrides(raw, overrides)
+    try:
+        return JobConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def load_job_config(path: str | Path, overrides: dict[str, Any] | list[str] | None = None) -> JobConfig:
+    """Read a YAML job config; the only place configs are read from disk."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    return parse_job_config(raw, str(path), overrides)
+
+
+def revalidate(model: M) -> M:
+    """Re-validate a config object received across a Ray boundary."""
+    return type(model).model_validate(model.model_dump(mode="python"))

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Creates .venv from nothing and installs the pinned stack.
+#   scripts/install.sh          CPU: torch 2.13.0+cpu, fbgemm-gpu-cpu 1.8.0, torchrec 1.8.0
+#   GPU=1 scripts/install.sh    CUDA: torch 2.13.0 (CUDA build), fbgemm-gpu 1.8.0, torchrec 1.8.0
+# torchrec declares an unpinned `fbgemm-gpu`; installed naively, the CUDA build
+# overwrites fbgemm-gpu-cpu and `import torchrec` fails. So torchrec goes in
+# with --no-deps and its own dependencies come from the constraints file.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+GPU=${GPU:-0}
+VENV=${VENV:-.venv}
+CONSTRAINTS=requirements/constraints-cpu.txt
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[install] creating $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+
+if [ "$GPU" = "1" ]; then
+  # CUDA builds; everything else is pinned as on CPU.
+  grep -vE '^(torch|fbgemm)' "$CONSTRAINTS" > "$VENV/constraints-gpu.txt"
+  CONSTRAINTS="$VENV/constraints-gpu.txt"
+  "${PIP[@]}" install "torch==2.13.0" "fbgemm-gpu==1.8.0"
+  "${PIP[@]}" uninstall -y fbgemm-gpu-cpu >/dev/null 2>&1 || true
+else
+  "${PIP[@]}" install -c "$CONSTRAINTS" "torch==2.13.0+cpu" "fbgemm-gpu-cpu==1.8.0"
+  # A previous naive install may have left the CUDA fbgemm-gpu behind.
+  if "$VENV/bin/python" -m pip show fbgemm-gpu >/dev/null 2>&1; then
+    echo "[install] removing CUDA fbgemm-gpu and restoring fbgemm-gpu-cpu"
+    "${PIP[@]}" uninstall -y fbgemm-gpu
+    "${PIP[@]}" install --force-reinstall --no-deps "fbgemm-gpu-cpu==1.8.0"
+  fi
+fi
+"${PIP[@]}" install --no-deps "torchrec==1.8.0"
+"${PIP[@]}" install -c "$CONSTRAINTS" -e ".[test]" 2>&1 \
+  | grep -v "torchrec 1.8.0 requires fbgemm-gpu, which is not installed" || true
+
+# Verify: the right builds, and torchrec imports (the naive-install failure mode).
+"$VENV/bin/python" - "$GPU" <<'PY'
+import importlib.metadata as md, sys
+gpu = sys.argv[1] == "1"
+names = {d.metadata["Name"].lower().replace("_", "-") for d in md.distributions()}
+import torch, torchrec, dlrm_platform  # noqa: F401
+assert torch.__version__.startswith("2.13.0"), torch.__version__
+if gpu:
+    assert "fbgemm-gpu" in names and "fbgemm-gpu-cpu" not in names, names
+else:
+    assert "+cpu" in torch.__version__, torch.__version__
+    assert "fbgemm-gpu-cpu" in names and "fbgemm-gpu" not in names, "CUDA fbgemm-gpu present"
+print(f"[install] ok: torch {torch.__version__}, torchrec {md.version('torchrec')}, "
+      f"fbgemm {'gpu' if gpu else 'cpu'} {md.version('fbgemm-gpu' if gpu else 'fbgemm-gpu-cpu')}")
+PY
