@@ -239,6 +239,16 @@ class TrainConfig(StrictModel):
     checkpoint_every_steps: int | None = Field(default=None, ge=1)
     max_failures: int = Field(1, ge=0, description="worker failures Ray Train recovers from")
     seed: int = 0
+    # Set by the job service (dlrm_platform.api) so that a retried job resumes:
+    storage_path: str | None = Field(
+        default=None,
+        description="Ray Train storage root for checkpoints (a directory or URI); None = Ray's default",
+    )
+    resume_from: str | None = Field(
+        default=None,
+        description="a checkpoint directory written by an earlier attempt of this job: restore model, "
+        "optimizer and step counters from it instead of starting from zero",
+    )
 
     @model_validator(mode="after")
     def _check_mlps(self) -> TrainConfig:
@@ -277,6 +287,11 @@ class TrackingConfig(StrictModel):
     run_name: str | None = None
     log_model: bool = True
     tags: dict[str, str] = Field(default_factory=dict)
+    run_id: str | None = Field(
+        default=None,
+        description="log into this existing MLflow run instead of creating one (the job service creates "
+        "one run per job and passes it to every attempt)",
+    )
 
 
 class RayClusterConfig(StrictModel):
