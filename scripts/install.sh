@@ -16,26 +16,35 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "[install] creating $VENV with $($PYTHON --version)"
   "$PYTHON" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+LOG="$VENV/install.log"
+# pip with its output kept in $LOG; the local index mirror's "Location ... ignored"
+# warnings and torchrec's expected missing-fbgemm-gpu complaint are filtered out.
+pip_install() {
+  if ! "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" >"$LOG" 2>&1; then
+    grep -v "^WARNING: Location" "$LOG" >&2
+    echo "[install] pip $* failed (full log: $LOG)" >&2
+    exit 1
+  fi
+  grep -vE "^WARNING: Location|torchrec 1.8.0 requires fbgemm-gpu|dependency resolver does not currently" "$LOG" || true
+}
 
 if [ "$GPU" = "1" ]; then
   # CUDA builds; everything else is pinned as on CPU.
-  grep -vE '^(torch|fbgemm)' "$CONSTRAINTS" > "$VENV/constraints-gpu.txt"
+  grep -vE "^(torch==|fbgemm)" "$CONSTRAINTS" > "$VENV/constraints-gpu.txt"
   CONSTRAINTS="$VENV/constraints-gpu.txt"
-  "${PIP[@]}" install "torch==2.13.0" "fbgemm-gpu==1.8.0"
-  "${PIP[@]}" uninstall -y fbgemm-gpu-cpu >/dev/null 2>&1 || true
+  pip_install install "torch==2.13.0" "fbgemm-gpu==1.8.0"
+  "$VENV/bin/python" -m pip uninstall -y -q fbgemm-gpu-cpu >/dev/null 2>&1 || true
 else
-  "${PIP[@]}" install -c "$CONSTRAINTS" "torch==2.13.0+cpu" "fbgemm-gpu-cpu==1.8.0"
+  pip_install install -c "$CONSTRAINTS" "torch==2.13.0+cpu" "fbgemm-gpu-cpu==1.8.0"
   # A previous naive install may have left the CUDA fbgemm-gpu behind.
   if "$VENV/bin/python" -m pip show fbgemm-gpu >/dev/null 2>&1; then
     echo "[install] removing CUDA fbgemm-gpu and restoring fbgemm-gpu-cpu"
-    "${PIP[@]}" uninstall -y fbgemm-gpu
-    "${PIP[@]}" install --force-reinstall --no-deps "fbgemm-gpu-cpu==1.8.0"
+    pip_install uninstall -y fbgemm-gpu
+    pip_install install --force-reinstall --no-deps "fbgemm-gpu-cpu==1.8.0"
   fi
 fi
-"${PIP[@]}" install --no-deps "torchrec==1.8.0"
-"${PIP[@]}" install -c "$CONSTRAINTS" -e ".[test]" 2>&1 \
-  | grep -v "torchrec 1.8.0 requires fbgemm-gpu, which is not installed" || true
+pip_install install --no-deps "torchrec==1.8.0"
+pip_install install -c "$CONSTRAINTS" -e ".[test]"
 
 # Verify: the right builds, and torchrec imports (the naive-install failure mode).
 "$VENV/bin/python" - "$GPU" <<'PY'

@@ -1,0 +1,231 @@
+"""The main job: `dlrm-platform run CONFIG` (also the entry point of Ray Jobs and the API).
+
+    load config -> check dataset -> MLflow run -> Ray -> pipelines -> Ray Train -> summary
+
+Every step fails early with a message that says what to fix: a bad config or
+dataset is reported before Ray starts, and the MLflow run is marked FAILED
+(or KILLED on Ctrl-C) when anything after it breaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dlrm_platform.config import JobConfig, RayClusterConfig, load_job_config
+from dlrm_platform.errors import UserError
+
+log = logging.getLogger("dlrm_platform.job")
+
+
+@dataclass
+class JobSummary:
+    """What `run` prints at the end and writes with --summary-json."""
+
+    job: str
+    samples_per_s: float
+    data_wait_fraction: float
+    auc: float
+    logloss: float
+    steps: int
+    samples: int
+    train_time_s: float
+    wall_time_s: float
+    rows_quarantined: int
+    mlflow_run_id: str
+    mlflow_tracking_uri: str
+    checkpoint_path: str | None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    def render(self) -> str:
+        rows = [
+            ("training samples/s", f"{self.samples_per_s:,.0f}"),
+            ("data-wait fraction", f"{self.data_wait_fraction:.3f}"),
+            ("held-out AUC", f"{self.auc:.4f}"),
+            ("held-out logloss", f"{self.logloss:.4f}"),
+            ("steps / samples", f"{self.steps:,} / {self.samples:,}"),
+            ("rows quarantined", f"{self.rows_quarantined:,}"),
+            ("wall time", f"{self.wall_time_s:.1f} s"),
+            ("MLflow run", self.mlflow_run_id),
+        ]
+        width = max(len(k) for k, _ in rows)
+        lines = [f"== {self.job}: done =="] + [f"  {k.ljust(width)}  {v}" for k, v in rows]
+        lines.append(f"  open it: {open_hint(self.mlflow_tracking_uri)}")
+        return "\n".join(lines)
+
+
+def open_hint(tracking_uri: str) -> str:
+    if tracking_uri.startswith(("http://", "https://")):
+        return tracking_uri
+    return "make ui  (or: dlrm-platform ui), then http://127.0.0.1:5000"
+
+
+@contextlib.contextmanager
+def ray_session(cfg: RayClusterConfig, *, verbose: bool = False) -> Iterator[None]:
+    """Connect to ``cfg.address`` (or $RAY_ADDRESS, as under `ray job submit`), else start a local cluster."""
+    import ray
+
+    if ray.is_initialized():  # a caller (a test, a notebook) owns the cluster
+        yield
+        return
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    kwargs: dict = {"logging_level": logging.INFO if verbose else logging.WARNING}
+    if address:
+        log.info("connecting to Ray at %s", address)
+        ray.init(address=address, **kwargs)
+    else:
+        log.info("starting a local Ray cluster (%s CPUs)", cfg.num_cpus or "all")
+        ray.init(num_cpus=cfg.num_cpus, **kwargs)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool = False) -> JobSummary:
+    """Run ``job`` end to end and return its summary."""
+    import ray
+    from mlflow.tracking import MlflowClient
+
+    from dlrm_platform import tracking
+    from dlrm_platform.ingest.pipeline import build_job_datasets, cpu_budget, execution_options
+    from dlrm_platform.ingest.source import validate_dataset
+    from dlrm_platform.ingest.transforms import count_quarantined
+    from dlrm_platform.train.trainer import run_training
+
+    started = time.time()
+    files = validate_dataset(job.data)
+    log.info("dataset %s: %d train files, %d eval files", job.data.path, len(files.train), len(files.eval))
+
+    tracking_uri = tracking.resolve_tracking_uri(job.tracking)
+    run_id = tracking.start_job_run(job, tracking_uri, config_source=config_source)
+    client = MlflowClient(tracking_uri)
+    log.info("MLflow run %s at %s", run_id, tracking_uri)
+    runs_dir = job.tracking.runs_dir.resolve()
+    quarantine_dir = runs_dir / "quarantine" / run_id
+    status = "FAILED"
+    try:
+        with ray_session(job.ray, verbose=verbose):
+            _quiet_ray_data(verbose)
+            budget = cpu_budget(job, float(ray.cluster_resources().get("CPU", 0)))
+            log.info("CPU budget: %s", budget.describe())
+            client.log_param(run_id, "cpu_budget", budget.describe())
+            datasets = build_job_datasets(job, files.train, files.eval, quarantine_dir)
+            result = run_training(
+                job,
+                datasets.as_dict(),
+                mlflow_run_id=run_id,
+                tracking_uri=tracking_uri,
+                storage_path=str(runs_dir / "ray_results"),
+                execution_options=execution_options(budget),
+            )
+        quarantined = count_quarantined(quarantine_dir) if quarantine_dir.exists() else {}
+        summary = JobSummary(
+            job=job.name,
+            samples_per_s=result.samples_per_s,
+            data_wait_fraction=result.data_wait_fraction,
+            auc=result.auc,
+            logloss=result.logloss,
+            steps=result.steps,
+            samples=result.samples,
+            train_time_s=result.train_time_s,
+            wall_time_s=time.time() - started,
+            rows_quarantined=sum(quarantined.values()),
+            mlflow_run_id=run_id,
+            mlflow_tracking_uri=tracking_uri,
+            checkpoint_path=result.checkpoint_path,
+        )
+        _log_summary(client, run_id, summary, quarantined, log_model=job.tracking.log_model)
+        status = "FINISHED"
+        return summary
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        client.set_terminated(run_id, status=status)
+
+
+def _quiet_ray_data(verbose: bool) -> None:
+    """Ray Data's per-operator progress logs drown the training progress lines on a terminal."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = verbose
+    ctx.print_on_execution_start = verbose
+
+
+def _log_summary(client, run_id: str, summary: JobSummary, quarantined: dict[str, int], *, log_model: bool) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics = {
+        "final_samples_per_s": summary.samples_per_s,
+        "final_data_wait_fraction": summary.data_wait_fraction,
+        "auc": summary.auc,
+        "logloss": summary.logloss,
+        "rows_quarantined": float(summary.rows_quarantined),
+        "wall_time_s": summary.wall_time_s,
+    }
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+    client.log_dict(run_id, json.loads(summary.to_json()), "summary.json")
+    if quarantined:
+        client.log_dict(run_id, quarantined, "quarantine_counts.json")
+    if log_model and summary.checkpoint_path and Path(summary.checkpoint_path).is_dir():
+        client.log_artifacts(run_id, summary.checkpoint_path, artifact_path="model")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    job = load_job_config(args.config, args.set)
+    print(f"== {job.name}: {args.config} ==", flush=True)
+    summary = run_job(job, config_source=str(args.config), verbose=args.verbose)
+    print(summary.render(), flush=True)
+    if args.summary_json:
+        path = Path(args.summary_json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(summary.to_json())
+        print(f"  summary written to {path}")
+    return 0
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    from dlrm_platform import tracking
+    from dlrm_platform.config import TrackingConfig
+
+    cfg = load_job_config(args.config).tracking if args.config else TrackingConfig()
+    cmd = tracking.ui_command(cfg, port=args.port)
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    if mlflow_bin.exists():
+        cmd[0] = str(mlflow_bin)
+    elif shutil.which("mlflow") is None:
+        raise UserError("mlflow is not installed in this environment; run `make install`")
+    print("serving", tracking.resolve_tracking_uri(cfg), f"at http://127.0.0.1:{args.port}", flush=True)
+    return subprocess.call(cmd)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a training job end to end", description=run_job.__doc__)
+    p.add_argument("config", type=Path, help="job config YAML, e.g. configs/demo.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set train.epochs=3 (repeatable)")
+    p.add_argument("--summary-json", type=Path, help="also write the summary as JSON here")
+    p.set_defaults(handler=_cmd_run)
+
+    p = sub.add_parser("ui", help="open the MLflow UI on the runs of a config (default: the embedded store)")
+    p.add_argument("config", type=Path, nargs="?", help="job config whose tracking store to serve")
+    p.add_argument("--port", type=int, default=5000)
+    p.set_defaults(handler=_cmd_ui)
