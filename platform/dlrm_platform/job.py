@@ -110,7 +110,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     log.info("dataset %s: %d train files, %d eval files", job.data.path, len(files.train), len(files.eval))
 
     tracking_uri = tracking.resolve_tracking_uri(job.tracking)
-    run_id = tracking.start_job_run(job, tracking_uri, config_source=config_source)
+    run_id = tracking.start_job_run(job, tracking_uri, config_source=config_source, run_id=job.tracking.run_id)
     client = MlflowClient(tracking_uri)
     log.info("MLflow run %s at %s", run_id, tracking_uri)
     runs_dir = job.tracking.runs_dir.resolve()
@@ -128,7 +128,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
                 datasets.as_dict(),
                 mlflow_run_id=run_id,
                 tracking_uri=tracking_uri,
-                storage_path=str(runs_dir / "ray_results"),
+                storage_path=job.train.storage_path or str(runs_dir / "ray_results"),
                 execution_options=execution_options(budget),
             )
         quarantined = count_quarantined(quarantine_dir) if quarantine_dir.exists() else {}
