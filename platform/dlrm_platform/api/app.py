@@ -1,0 +1,132 @@
+"""The FastAPI application: ``create_app()``; uvicorn serves ``dlrm_platform.api.app:create_app --factory``.
+
+Start-up opens the database (creating the schema), connects lazily to Ray's
+Jobs API and to MLflow, and starts the scheduler thread, whose first pass
+reconciles the job records with Ray's job table. Nothing connects at import.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from dlrm_platform import __version__
+from dlrm_platform.api.backend import JobBackend, RayJobsBackend
+from dlrm_platform.api.db import Database
+from dlrm_platform.api.metrics import ServiceMetrics
+from dlrm_platform.api.routes import health, jobs, metrics
+from dlrm_platform.api.service import InvalidRequest, JobService, ServiceError
+from dlrm_platform.api.settings import ApiSettings
+from dlrm_platform.api.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+class _MetricsMiddleware:
+    """Counts and times every request by route template (pure ASGI: streaming stays streaming)."""
+
+    def __init__(self, app: Any, metrics: ServiceMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = {"code": 500}
+
+        async def _send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, _send)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "<unmatched>"
+            self.metrics.observe(scope.get("method", ""), path, status["code"], started)
+
+
+def _default_tracker(settings: ApiSettings) -> Tracker | None:
+    try:
+        from dlrm_platform.api.tracking import MlflowTracker
+
+        return MlflowTracker(settings.mlflow_tracking_uri, settings.mlflow_url)
+    except Exception as err:  # noqa: BLE001 - run without MLflow links rather than not at all
+        log.warning("MLflow client unavailable (%s): jobs will create their own runs", err)
+        return None
+
+
+def create_app(
+    settings: ApiSettings | None = None,
+    *,
+    backend: JobBackend | None = None,
+    tracker: Tracker | None = None,
+    start_scheduler: bool | None = None,
+) -> FastAPI:
+    settings = settings or ApiSettings()
+    service_metrics = ServiceMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db = Database(settings.database_url)
+        service = JobService(
+            settings,
+            db,
+            backend or RayJobsBackend(settings.ray_address),
+            tracker if tracker is not None else _default_tracker(settings),
+            service_metrics,
+        )
+        service_metrics.add_job_counts(service.status_counts)
+        app.state.service = service
+        run_scheduler = settings.scheduler_enabled if start_scheduler is None else start_scheduler
+        if run_scheduler:
+            service.start()
+        log.info("job service up: db=%s ray=%s mlflow=%s", _safe_url(settings.database_url),
+                 settings.ray_address, settings.mlflow_tracking_uri)
+        try:
+            yield
+        finally:
+            service.stop()
+            db.dispose()
+
+    app = FastAPI(
+        title="dlrm-platform job service",
+        version=__version__,
+        description=(
+            "Training jobs on Ray Jobs with a priority queue, per-user limits, retries that resume "
+            "from checkpoints, deadlines, persistent history and MLflow links. Every endpoint but "
+            "/healthz needs an API key (`dlrm-platform api-key create --user NAME`)."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = service_metrics
+
+    @app.exception_handler(InvalidRequest)
+    async def _invalid(_: Request, exc: InvalidRequest) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": exc.errors})
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse(status_code=exc.status_code, content={"detail": str(exc)})
+
+    app.include_router(health.router)
+    app.include_router(metrics.router)
+    app.include_router(jobs.router)
+    app.add_middleware(_MetricsMiddleware, metrics=service_metrics)
+    return app
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

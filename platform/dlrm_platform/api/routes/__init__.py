@@ -1,0 +1,1 @@
+"""One module per resource: jobs, health, metrics."""

@@ -1,0 +1,168 @@
+"""/v1/jobs: submit, list, inspect, follow logs, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Response, status
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+from dlrm_platform.api.db import JobRecord, JobStatus
+from dlrm_platform.api.deps import PrincipalDep, ServiceDep, SettingsDep
+from dlrm_platform.api.schemas.requests import JobSubmitRequest
+from dlrm_platform.api.schemas.responses import (
+    ErrorBody,
+    JobDetail,
+    JobEvent,
+    JobList,
+    JobProgress,
+    JobSummary,
+    SubmitResponse,
+)
+from dlrm_platform.api.service import JobService
+from dlrm_platform.api.settings import ApiSettings
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": ErrorBody, "description": "no valid API key"}}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "no such job (or not yours)"}}
+JobId = Annotated[str, Path(description="the job id returned by POST /v1/jobs", max_length=64)]
+
+
+def summary(job: JobRecord) -> JobSummary:
+    return JobSummary(
+        id=job.id,
+        owner=job.owner,
+        name=job.name,
+        status=JobStatus(job.status),
+        status_reason=job.status_reason,
+        priority=job.priority,
+        config_name=job.config_name,
+        attempt=job.attempt,
+        max_retries=job.max_retries,
+        cancel_requested=job.cancel_requested,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        deadline_at=job.deadline_at,
+        ray_submission_id=job.ray_submission_id,
+        mlflow_run_id=job.mlflow_run_id,
+    )
+
+
+def detail(job: JobRecord, service: JobService, settings: ApiSettings) -> JobDetail:
+    base = summary(job).model_dump()
+    run_url = None
+    if job.mlflow_run_id and job.mlflow_experiment_id:
+        run_url = f"{settings.mlflow_url}/#/experiments/{job.mlflow_experiment_id}/runs/{job.mlflow_run_id}"
+    return JobDetail(
+        **base,
+        updated_at=job.updated_at,
+        overrides=job.overrides or {},
+        config=job.config,
+        ray_job_id=job.ray_job_id,
+        ray_dashboard_url=(
+            f"{settings.dashboard_url}/#/jobs/{job.ray_submission_id}" if job.ray_submission_id else None
+        ),
+        mlflow_experiment_id=job.mlflow_experiment_id,
+        mlflow_run_url=run_url,
+        resume_from=job.resume_from,
+        progress=JobProgress(
+            steps_done=job.steps_done,
+            samples_per_s=job.samples_per_s,
+            data_wait_fraction=job.data_wait_fraction,
+            updated_at=job.progress_at,
+        ),
+        events=[
+            JobEvent(
+                at=e.at,
+                attempt=e.attempt,
+                kind=e.kind,
+                status=JobStatus(e.status) if e.status else None,
+                message=e.message,
+            )
+            for e in service.events(job.id)
+        ],
+    )
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SubmitResponse,
+    responses={
+        200: {"model": SubmitResponse, "description": "the job an idempotency key already names"},
+        **AUTH_ERRORS,
+        409: {"model": ErrorBody, "description": "idempotency key reused with a different body"},
+    },
+    summary="Submit a training job",
+)
+def submit_job(body: JobSubmitRequest, principal: PrincipalDep, service: ServiceDep, response: Response) -> SubmitResponse:
+    job, created = service.submit(principal, body)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return SubmitResponse(id=job.id, status=JobStatus(job.status), created=created)
+
+
+@router.get(
+    "",
+    response_model=JobList,
+    responses={**AUTH_ERRORS, 403: {"model": ErrorBody, "description": "listing another user's jobs"}},
+    summary="List jobs (yours; all for admins)",
+)
+def list_jobs(
+    principal: PrincipalDep,
+    service: ServiceDep,
+    status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+    owner: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+) -> JobList:
+    rows, total = service.list(principal, status=status_, owner=owner, limit=limit, offset=offset)
+    return JobList(items=[summary(j) for j in rows], total=total, limit=limit, offset=offset)
+
+
+@router.get("/{job_id}", response_model=JobDetail, responses={**AUTH_ERRORS, **NOT_FOUND}, summary="One job")
+def get_job(job_id: JobId, principal: PrincipalDep, service: ServiceDep, settings: SettingsDep) -> JobDetail:
+    return detail(service.get(principal, job_id), service, settings)
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "driver output"},
+        **AUTH_ERRORS,
+        **NOT_FOUND,
+    },
+    summary="Logs of an attempt; with follow=true, streamed while it runs",
+)
+async def job_logs(
+    job_id: JobId,
+    principal: PrincipalDep,
+    service: ServiceDep,
+    follow: bool = False,
+    attempt: Annotated[int | None, Query(ge=1, le=1000, description="default: the current attempt")] = None,
+) -> Response:
+    import asyncio
+
+    job = await asyncio.to_thread(service.get, principal, job_id)
+    if not follow:
+        text = await asyncio.to_thread(service.read_logs, job, attempt)
+        return PlainTextResponse(text)
+    return StreamingResponse(
+        service.follow_logs(job.id, attempt),
+        media_type="text/plain; charset=utf-8",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.post(
+    "/{job_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobDetail,
+    responses={**AUTH_ERRORS, **NOT_FOUND, 409: {"model": ErrorBody, "description": "the job already finished"}},
+    summary="Cancel: stop the Ray job and mark the MLflow run KILLED",
+)
+def cancel_job(job_id: JobId, principal: PrincipalDep, service: ServiceDep, settings: SettingsDep) -> JobDetail:
+    return detail(service.cancel(principal, job_id), service, settings)

@@ -1,0 +1,206 @@
+"""MLflow: the tracking server helper and the service's client side.
+
+Server: sqlite backend + local artifact store. The sqlite schema is created
+once, by :func:`init_backend_store`, before the server (or any client) starts:
+concurrent first-use migrations race (see DESIGN.md). Every write goes through
+the server.
+
+Client: the service creates one MLflow run per job (tagged with the job id and
+the user) and hands its id to every attempt (``tracking.run_id``), marks it
+KILLED on cancel and reads progress metrics from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+JOB_ID_TAG = "job_id"
+USER_TAG = "user"
+
+
+# --------------------------------------------------------------------------- server
+
+
+def init_backend_store(db_path: Path, artifacts_dir: Path) -> str:
+    """Create (or migrate) the sqlite tracking DB once; returns its URI."""
+    db_path = db_path.resolve()
+    artifacts_dir = artifacts_dir.resolve()
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    artifacts_dir.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{db_path}"
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = SqlAlchemyStore(uri, artifacts_dir.as_uri())
+    store.engine.dispose()
+    return uri
+
+
+def server_command(
+    backend_uri: str, artifacts_dir: Path, host: str = "127.0.0.1", port: int = 5000, workers: int = 1
+) -> list[str]:
+    return [
+        sys.executable, "-m", "mlflow", "server",
+        "--backend-store-uri", backend_uri,
+        "--artifacts-destination", str(artifacts_dir.resolve()),
+        "--host", host,
+        "--port", str(port),
+        "--workers", str(workers),
+    ]  # fmt: skip
+
+
+def wait_http_ok(url: str, timeout_s: float = 60.0, proc: subprocess.Popen[Any] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status < 500:
+                    return
+        except urllib.error.HTTPError as err:
+            if err.code < 500:  # answering, if only to say 401
+                return
+            last = err
+        except Exception as err:  # noqa: BLE001 - any failure means not ready yet
+            last = err
+        time.sleep(0.3)
+    raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s: {last}")
+
+
+def start_server(
+    root: Path, host: str = "127.0.0.1", port: int = 5000, workers: int = 1, log_file: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``mlflow server`` on ``root/mlflow.db`` + ``root/artifacts``; returns when it answers."""
+    uri = init_backend_store(root / "mlflow.db", root / "artifacts")
+    out = open(log_file or root / "mlflow-server.log", "ab")  # noqa: SIM115 - owned by the process
+    proc = subprocess.Popen(
+        server_command(uri, root / "artifacts", host, port, workers),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "MLFLOW_TRACKING_URI": ""},
+    )
+    wait_http_ok(f"http://{host}:{port}/health", proc=proc)
+    return proc
+
+
+# --------------------------------------------------------------------------- client
+
+
+@dataclass
+class Progress:
+    steps_done: int | None = None
+    samples_per_s: float | None = None
+    data_wait_fraction: float | None = None
+
+
+class Tracker(Protocol):
+    def create_run(self, experiment: str, run_name: str, tags: Mapping[str, str]) -> tuple[str, str]: ...
+
+    def set_terminated(self, run_id: str, status: str) -> None: ...
+
+    def progress(self, run_id: str) -> Progress | None: ...
+
+    def find_run(self, job_id: str) -> tuple[str, str] | None: ...
+
+    def run_url(self, experiment_id: str, run_id: str) -> str: ...
+
+
+def _finite(x: Any) -> float | None:
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _pick(metrics: Mapping[str, float], exact: tuple[str, ...], suffix: str) -> float | None:
+    for k in exact:
+        if k in metrics:
+            return _finite(metrics[k])
+    for k, v in metrics.items():
+        if k.endswith(suffix):
+            return _finite(v)
+    return None
+
+
+class MlflowTracker:
+    """The service's MLflow client (through the tracking server)."""
+
+    STEP_KEYS = ("steps_done", "global_step", "step", "train/step")
+    LOSS_KEYS = ("loss", "train_loss", "train/loss")
+
+    def __init__(self, tracking_uri: str, ui_url: str | None = None):
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self.ui_url = (ui_url or tracking_uri).rstrip("/")
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+
+    def _experiment_id(self, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return str(exp.experiment_id)
+        try:
+            return str(self.client.create_experiment(name))
+        except MlflowException:  # created concurrently
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return str(exp.experiment_id)
+
+    def create_run(self, experiment: str, run_name: str, tags: Mapping[str, str]) -> tuple[str, str]:
+        exp_id = self._experiment_id(experiment)
+        run = self.client.create_run(exp_id, tags=dict(tags), run_name=run_name)
+        return run.info.run_id, exp_id
+
+    def set_terminated(self, run_id: str, status: str) -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def run_status(self, run_id: str) -> str | None:
+        return str(self.client.get_run(run_id).info.status)
+
+    def progress(self, run_id: str) -> Progress | None:
+        run = self.client.get_run(run_id)
+        metrics = dict(run.data.metrics)
+        if not metrics:
+            return None
+        p = Progress(
+            samples_per_s=_pick(metrics, ("samples_per_s", "train/samples_per_s", "samples_per_sec"), "samples_per_s"),
+            data_wait_fraction=_pick(metrics, ("data_wait_fraction", "train/data_wait_fraction"), "data_wait_fraction"),
+        )
+        step = _pick(metrics, self.STEP_KEYS, "global_step")
+        if step is None:
+            key = next((k for k in self.LOSS_KEYS if k in metrics), None)
+            if key is not None:
+                history = self.client.get_metric_history(run_id, key)
+                step = max((m.step for m in history), default=None)
+        p.steps_done = int(step) if step is not None else None
+        return p
+
+    def find_run(self, job_id: str) -> tuple[str, str] | None:
+        runs = self.client.search_runs(
+            experiment_ids=[e.experiment_id for e in self.client.search_experiments()],
+            filter_string=f"tags.{JOB_ID_TAG} = '{job_id}'",
+            max_results=1,
+        )
+        return (runs[0].info.run_id, str(runs[0].info.experiment_id)) if runs else None
+
+    def run_url(self, experiment_id: str, run_id: str) -> str:
+        return f"{self.ui_url}/#/experiments/{experiment_id}/runs/{run_id}"
