@@ -92,6 +92,7 @@ def detail(job: JobRecord, service: JobService, settings: ApiSettings) -> JobDet
     response_model=SubmitResponse,
     responses={
         200: {"model": SubmitResponse, "description": "the job an idempotency key already names"},
+        400: {"model": ErrorBody, "description": "the body is not JSON"},
         **AUTH_ERRORS,
         409: {"model": ErrorBody, "description": "idempotency key reused with a different body"},
     },
@@ -129,7 +130,6 @@ def get_job(job_id: JobId, principal: PrincipalDep, service: ServiceDep, setting
 
 @router.get(
     "/{job_id}/logs",
-    response_class=PlainTextResponse,
     responses={
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "driver output"},
         **AUTH_ERRORS,

@@ -13,7 +13,6 @@ router = APIRouter(tags=["metrics"])
 
 @router.get(
     "/metrics",
-    response_class=Response,
     responses={
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text format"},
         **AUTH_ERRORS,

@@ -54,6 +54,7 @@ class JobSubmitRequest(BaseModel):
         default=None,
         min_length=1,
         max_length=128,
+        pattern=r"^[\x21-\x7e]+$",
         description="a repeat with the same key and body returns the same job; a different body gets 409",
     )
 
