@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(if $(filter 1,$(GPU)),gpu,cpu)
 CONFIG ?= configs/demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-unit test-integration ui serve bench clean
+.PHONY: install demo test test-unit test-integration ui serve bench bench-api clean
 
 install: $(STAMP)
 
@@ -32,6 +32,15 @@ test-integration: $(STAMP)
 
 ui: $(STAMP)
 	$(CLI) ui
+
+# Job service (README "Job service"): MLflow server + local Ray head + the API, until Ctrl-C.
+serve: $(STAMP)
+	$(CLI) gen-data configs/demo.yaml --if-missing
+	$(CLI) serve-stack
+
+# API load against the service `make serve` runs (needs DLRM_API_KEY); `make bench` runs it self-contained.
+bench-api: $(STAMP)
+	$(PY) benchmarks/api_load.py --url http://127.0.0.1:8000 --json runs/api_load.json
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
