@@ -151,7 +151,7 @@ def crafted_file(path: Path, good_repeats: int = 1) -> tuple[list[str], dict[int
     bad: dict[int, str] = {}
     for _ in range(good_repeats):
         lines += GOOD_LINES
-    for text, reason, _ in MALFORMED:
+    for text, _, _ in MALFORMED:
         lines.insert(len(lines) // 2, text)
     for i, text in enumerate(lines, 1):
         result = parse_criteo_line(text, i)
@@ -231,12 +231,15 @@ def test_split_is_by_eval_fraction_deterministic_and_independent_of_batching(tmp
     path = tmp_path / "in.tsv"
     path.write_text("".join(f"{i % 2}\t{i}\n" for i in range(3000)))
     a = convert_criteo(path, tmp_path / "a", eval_fraction=0.2, progress=False, batch_lines=1000)
-    b = convert_criteo(path, tmp_path / "b", eval_fraction=0.2, progress=False, batch_lines=64)
+    convert_criteo(path, tmp_path / "b", eval_fraction=0.2, progress=False, batch_lines=64)
+    convert_criteo(path, tmp_path / "c", eval_fraction=0.2, seed=1, progress=False)
     assert 450 < a.eval_rows < 750 and a.train_rows + a.eval_rows == 3000
-    ids = lambda out: sorted(pq.read_table(out / "eval").column("int_0").to_pylist())  # noqa: E731
-    assert ids(tmp_path / "a") == ids(tmp_path / "b")
-    c = convert_criteo(path, tmp_path / "c", eval_fraction=0.2, seed=1, progress=False)
-    assert ids(tmp_path / "c") != ids(tmp_path / "a")
+
+    def eval_ids(out: Path) -> list[int]:
+        return sorted(pq.read_table(out / "eval").column("int_0").to_pylist())
+
+    assert eval_ids(tmp_path / "a") == eval_ids(tmp_path / "b")
+    assert eval_ids(tmp_path / "c") != eval_ids(tmp_path / "a")
 
 
 def test_shards_roll_over(tmp_path: Path) -> None:

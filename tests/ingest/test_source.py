@@ -184,7 +184,7 @@ def test_split_without_parquet_files(tmp_path: Path) -> None:
     write(tmp_path, "train", "p.parquet", good_table())
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "notes.txt").write_text("x")
-    with pytest.raises(DatasetNotFoundError, match="holds no .parquet files"):
+    with pytest.raises(DatasetNotFoundError, match=r"holds no \.parquet files"):
         validate_dataset(data_config(tmp_path))
 
 

@@ -62,8 +62,8 @@ __all__ = [
     "REPORT_FILE",
     "ConversionReport",
     "ParsedRow",
-    "Quarantined",
     "QuarantineReason",
+    "Quarantined",
     "convert_criteo",
     "criteo_schema",
     "parse_criteo_line",
@@ -158,8 +158,8 @@ def parse_criteo_line(line: str, line_number: int) -> ParsedRow | Quarantined:
         elif _HEX_RE.fullmatch(text):
             categorical.append(int(text, 16))
         else:
-            column = CATEGORICAL_COLUMNS[i]
-            return bad("invalid_categorical", f"{column} (field {i + 2 + NUM_DENSE}) is {text!r}, expected 1-8 hex digits")
+            where = f"{CATEGORICAL_COLUMNS[i]} (field {i + 2 + NUM_DENSE})"
+            return bad("invalid_categorical", f"{where} is {text!r}, expected 1-8 hex digits")
     return ParsedRow(int(fields[0]), tuple(dense), tuple(categorical))
 
 
@@ -349,11 +349,10 @@ def convert_criteo(
         raise UserError(f"eval fraction must be in [0, 1), got {eval_fraction}")
     if rows_per_shard < 1 or batch_lines < 1:
         raise UserError("rows per shard and batch lines must be at least 1")
-    prepare_output_dir(
-        output_dir, [TRAIN_SPLIT, EVAL_SPLIT], [QUARANTINE_FILE, REPORT_FILE], overwrite=overwrite, command="convert-criteo"
-    )
+    splits, owned = [TRAIN_SPLIT, EVAL_SPLIT], [QUARANTINE_FILE, REPORT_FILE]
+    prepare_output_dir(output_dir, splits, owned, overwrite=overwrite, command="convert-criteo")
     t0 = time.perf_counter()
-    report = ConversionReport(input_path=input_path, output_dir=output_dir, quarantine_path=output_dir / QUARANTINE_FILE)
+    report = ConversionReport(input_path, output_dir, quarantine_path=output_dir / QUARANTINE_FILE)
     reasons: Counter[str] = Counter()
     split_salt = salt("criteo_split", seed)
     train = ShardedParquetWriter(output_dir / TRAIN_SPLIT, ARROW_SCHEMA, rows_per_shard)
@@ -390,7 +389,8 @@ def convert_criteo(
     write_schema_yaml(
         output_dir,
         criteo_schema(),
-        header=f"Converted from {input_path.name} by `dlrm-platform convert-criteo`.\nPaste under `data:` in a job config.",
+        header=f"Converted from {input_path.name} by `dlrm-platform convert-criteo`.\n"
+        "Paste under `data:` in a job config.",
     )
     (output_dir / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     if report.rows_converted > 0:

@@ -74,7 +74,9 @@ def prepare_output_dir(
     if path.exists() and not path.is_dir():
         raise UserError(f"{path} exists and is not a directory")
     if is_complete(path) and not overwrite:
-        raise UserError(f"{path} already holds a complete dataset ({SUCCESS_FILE} present); `{command} --overwrite` replaces it")
+        raise UserError(
+            f"{path} already holds a complete dataset ({SUCCESS_FILE} present); `{command} --overwrite` replaces it"
+        )
     foreign = [
         p for s in splits if (path / s).is_dir() for p in sorted((path / s).iterdir()) if not p.match(_SHARD_GLOB)
     ]

@@ -36,6 +36,7 @@ hashes, so the same config writes byte-identical Parquet files.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import zlib
@@ -50,8 +51,14 @@ from pydantic import ValidationError
 
 from dlrm_platform.config import DataConfig, DatasetSchema, SessionLengthConfig, SideColumns, SyntheticDataConfig
 from dlrm_platform.errors import UserError
-from dlrm_platform.ingest._mix import hash_bucket, hash_vectors, salt
-from dlrm_platform.ingest.layout import PARQUET_COMPRESSION, mark_complete, prepare_output_dir, shard_path, write_schema_yaml
+from dlrm_platform.ingest._mix import hash_bucket, hash_uniform, hash_vectors, salt
+from dlrm_platform.ingest.layout import (
+    PARQUET_COMPRESSION,
+    mark_complete,
+    prepare_output_dir,
+    shard_path,
+    write_schema_yaml,
+)
 
 __all__ = [
     "ColumnMismatchError",
@@ -177,7 +184,8 @@ def check_declared_columns(declared: DatasetSchema, cfg: SyntheticDataConfig) ->
         raise ColumnMismatchError(
             "data.columns does not match what data.synthetic generates:\n  "
             + "\n  ".join(problems)
-            + "\nfix data.columns (gen-data writes the right block to schema.yaml) or the num_* fields of data.synthetic"
+            + "\nfix data.columns (gen-data writes the right block to schema.yaml) "
+            "or the num_* fields of data.synthetic"
         )
 
 
@@ -296,7 +304,7 @@ class _World:
 
     def preferred_category(self, user_id: np.ndarray) -> np.ndarray:
         own = self._best_categories(hash_vectors(user_id, TASTE_DIM, salt("own_taste", self.cfg.seed)))
-        idiosyncratic = hash_bucket(user_id, 1 << 30, salt("idiosyncratic", self.cfg.seed)) < IDIOSYNCRATIC_USERS * (1 << 30)
+        idiosyncratic = hash_uniform(user_id, salt("idiosyncratic", self.cfg.seed)) < IDIOSYNCRATIC_USERS
         return np.where(idiosyncratic, own, self.segment_preference[self.user_attribute(user_id, 1)])
 
     def draw_items(self, rng: np.random.Generator, preferred: np.ndarray, share: float) -> np.ndarray:
@@ -476,7 +484,7 @@ def _shard_bounds(num_rows: int, rows_per_shard: int, session_starts: np.ndarray
         idx = np.searchsorted(session_starts, cuts)
         cuts = np.unique(session_starts[idx[idx < len(session_starts)]])
     edges = [0, *(int(c) for c in cuts if 0 < c < num_rows), num_rows]
-    return list(zip(edges[:-1], edges[1:], strict=True))
+    return list(itertools.pairwise(edges))
 
 
 def _write_split(
