@@ -282,10 +282,10 @@ class ConversionReport:
 
     input_path: Path
     output_dir: Path
+    quarantine_path: Path
     rows_read: int = 0
     rows_converted: int = 0
     rows_quarantined: int = 0
-    quarantine_path: Path | None = None
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
     train_rows: int = 0
     eval_rows: int = 0
@@ -300,7 +300,7 @@ class ConversionReport:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for key in ("input_path", "output_dir", "quarantine_path"):
-            d[key] = None if d[key] is None else str(d[key])
+            d[key] = str(d[key])
         d["files"] = [str(f) for f in self.files]
         d["rows_per_s"] = self.rows_per_s
         return d
@@ -352,12 +352,12 @@ def convert_criteo(
     splits, owned = [TRAIN_SPLIT, EVAL_SPLIT], [QUARANTINE_FILE, REPORT_FILE]
     prepare_output_dir(output_dir, splits, owned, overwrite=overwrite, command="convert-criteo")
     t0 = time.perf_counter()
-    report = ConversionReport(input_path, output_dir, quarantine_path=output_dir / QUARANTINE_FILE)
+    report = ConversionReport(input_path, output_dir, output_dir / QUARANTINE_FILE)
     reasons: Counter[str] = Counter()
     split_salt = salt("criteo_split", seed)
-    train = ShardedParquetWriter(output_dir / TRAIN_SPLIT, ARROW_SCHEMA, rows_per_shard)
-    evals = ShardedParquetWriter(output_dir / EVAL_SPLIT, ARROW_SCHEMA, rows_per_shard)
     with (
+        ShardedParquetWriter(output_dir / TRAIN_SPLIT, ARROW_SCHEMA, rows_per_shard) as train,
+        ShardedParquetWriter(output_dir / EVAL_SPLIT, ARROW_SCHEMA, rows_per_shard) as evals,
         _open_text(input_path) as f,
         report.quarantine_path.open("w", encoding="utf-8") as quarantine,
         tqdm(unit="row", unit_scale=True, desc="convert-criteo", disable=not progress) as bar,
@@ -374,7 +374,6 @@ def convert_criteo(
                 train.write(table.filter(pa.array(~is_eval)))
                 bar.update(len(batch))
         except (EOFError, gzip.BadGzipFile, zlib.error) as err:
-            train.close(), evals.close()
             raise UserError(
                 f"{input_path}: the gzip stream is corrupt or truncated after line {report.rows_read} ({err}); "
                 "the output is incomplete (no _SUCCESS)"
