@@ -1,0 +1,409 @@
+"""The Ray Train loop: what every training worker runs.
+
+::
+
+    train_loop_per_worker(config)
+        job      <- LoopConfig.from_dict(config)            re-validated JobConfig
+        model    <- build_sharded_model(job)                DMP, fused row-wise Adagrad
+        progress <- restore the latest checkpoint, if any
+        for epoch in progress.next_epoch .. epochs-1:
+            train_epoch   lockstep steps over the "train" shard
+            evaluate      lockstep forward over the "eval" shard -> AUC, logloss
+            checkpoint    DCP save on every rank + ray.train.report
+
+Lockstep. With table-wise sharding every forward is a collective (the KJT
+and pooled-embedding all-to-alls), so all workers must take the same number
+of steps; yet every sample must be trained on exactly once per epoch, and the
+shards (``streaming_split(equal=False)``, see :mod:`.trainer`) differ in size.
+Before each step the workers all-reduce ``[has_batch, num_samples]``: they stop
+when no worker has a batch, and a worker that is out of data runs a
+zero-weight step on a one-sample dummy batch. The same all-reduce gives the
+step's global sample count ``N``; each worker back-propagates
+``loss_sum * world_size / N`` so that, after DDP averages the dense gradients,
+every sample of the global step has the same weight however the samples are
+spread over workers (batches differ in size: the last of each read task is
+smaller). Fused embedding gradients are not averaged by DDP; row-wise Adagrad
+is invariant to that scale.
+
+Data wait. Per step, ``wait`` is the time from the end of the previous step
+until every worker has its next batch as tensors (fetch from the shard,
+unpack, has-batch all-reduce); ``compute`` is forward, backward and the
+optimizer step. The data-wait fraction ``wait / (wait + compute)``, summed
+over workers, is the platform's central metric.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torchrec.datasets.utils import Batch
+
+from dlrm_platform.config import JobConfig
+from dlrm_platform.ingest.batching import unpack_batch
+from dlrm_platform.train.checkpoint import TrainProgress, load_checkpoint, save_checkpoint
+from dlrm_platform.train.metrics import auc, logloss_from_logits
+from dlrm_platform.train.model import build_dense_optimizer, build_sharded_model, dummy_batch
+from dlrm_platform.train.tracking import Tracker, make_tracker
+
+__all__ = [
+    "FAULT_FILE_ENV",
+    "EpochStats",
+    "LoopConfig",
+    "StepBatch",
+    "Worker",
+    "lockstep_batches",
+    "train_loop_per_worker",
+]
+
+log = logging.getLogger("dlrm_platform.train")
+
+# Test hook, independent of the job config: when this env var names a file
+# holding {"epoch": E, "step": S, "rank": R}, worker R deletes the file and
+# raises after step S of epoch E. Deleting first makes it fire once.
+FAULT_FILE_ENV = "DLRM_PLATFORM_FAULT_FILE"
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What the driver hands every worker (as a plain dict through Ray)."""
+
+    job: JobConfig
+    mlflow_run_id: str | None = None
+    tracking_uri: str | None = None
+    has_eval: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job.model_dump(mode="json"),
+            "mlflow_run_id": self.mlflow_run_id,
+            "tracking_uri": self.tracking_uri,
+            "has_eval": self.has_eval,
+        }
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> LoopConfig:
+        return cls(
+            job=JobConfig.model_validate(config["job"]),
+            mlflow_run_id=config.get("mlflow_run_id"),
+            tracking_uri=config.get("tracking_uri"),
+            has_eval=bool(config.get("has_eval", True)),
+        )
+
+
+# --------------------------------------------------------------------------- lockstep batches
+
+
+@dataclass
+class StepBatch:
+    """One worker's input to one lockstep step."""
+
+    batch: Batch  # a real batch, or a one-sample dummy when this worker is out of data
+    num_samples: int  # this worker's real samples in the step (0 for a dummy)
+    global_samples: int  # real samples of all workers in the step
+    wait_s: float  # time until every worker had its batch
+
+
+def lockstep_batches(shard: Any, job: JobConfig, device: torch.device,
+                     max_steps: int | None = None) -> Iterator[StepBatch]:
+    """Yield this worker's batches in lockstep with the other workers (see module docstring).
+
+    Ends for all workers at once: when none has a batch left, or after ``max_steps``.
+    """
+    sparse_features = job.data.columns.sparse_features
+    num_dense = len(job.data.columns.dense_columns)
+    tables = iter(shard.iter_batches(batch_size=1, batch_format="pyarrow",
+                                     prefetch_batches=job.ingest.prefetch_batches))
+    dummy = dummy_batch(sparse_features, num_dense, device)
+    steps = 0
+    while max_steps is None or steps < max_steps:
+        start = time.perf_counter()
+        table = next(tables, None)
+        batch = None if table is None else unpack_batch(table, sparse_features, num_dense).to(device)
+        n = 0 if batch is None else int(batch.labels.shape[0])
+        flags = torch.tensor([int(batch is not None), n], dtype=torch.int64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flags)
+        if int(flags[0]) == 0:
+            return
+        yield StepBatch(batch if batch is not None else dummy, n, int(flags[1]),
+                        time.perf_counter() - start)
+        steps += 1
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class EpochStats:
+    """Running sums of one worker (``local``) or of all workers (after :meth:`all_reduced`)."""
+
+    samples: int = 0
+    loss_sum: float = 0.0
+    wait_s: float = 0.0
+    compute_s: float = 0.0
+    wall_s: float = 0.0  # elapsed training time of this worker (not summed)
+
+    def add(self, samples: int, loss_sum: float, wait_s: float, compute_s: float) -> None:
+        self.samples += samples
+        self.loss_sum += loss_sum
+        self.wait_s += wait_s
+        self.compute_s += compute_s
+
+    def all_reduced(self) -> EpochStats:
+        """Sums over all workers (a collective)."""
+        t = torch.tensor([self.samples, self.loss_sum, self.wait_s, self.compute_s], dtype=torch.float64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(t)
+        return EpochStats(int(t[0]), float(t[1]), float(t[2]), float(t[3]), self.wall_s)
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.samples if self.samples else float("nan")
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def data_wait_fraction(self) -> float:
+        total = self.wait_s + self.compute_s
+        return self.wait_s / total if total > 0 else 0.0
+
+
+def _maybe_inject_fault(epoch: int, step_in_epoch: int, rank: int) -> None:
+    path = os.environ.get(FAULT_FILE_ENV)
+    if not path or not os.path.exists(path):
+        return
+    spec = json.loads(Path(path).read_text())
+    if (spec.get("epoch", 0), spec.get("step"), spec.get("rank", 0)) == (epoch, step_in_epoch, rank):
+        os.remove(path)
+        raise RuntimeError(f"injected fault at epoch {epoch} step {step_in_epoch} on rank {rank}")
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+@dataclass
+class Worker:
+    """The state one training worker carries through the epochs."""
+
+    job: JobConfig
+    model: Any  # DistributedModelParallel
+    dense_optimizer: Any  # KeyedOptimizerWrapper
+    device: torch.device
+    rank: int
+    world_size: int
+    tracker: Tracker
+    progress: TrainProgress = field(default_factory=TrainProgress)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.job.train.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # ----------------------------------------------------------------- one step
+
+    def train_step(self, step: StepBatch) -> float:
+        """Forward, backward (embeddings update in it), dense optimizer step. Returns the local loss sum."""
+        self.dense_optimizer.zero_grad()
+        with self.autocast():
+            loss_sum, _ = self.model(step.batch)
+        weight = self.world_size / step.global_samples if step.num_samples else 0.0
+        (loss_sum * weight).backward()
+        self.dense_optimizer.step()
+        return float(loss_sum.detach()) if step.num_samples else 0.0
+
+    # ----------------------------------------------------------------- one epoch
+
+    def train_epoch(self, shard: Any, epoch: int) -> EpochStats:
+        """Train on every batch of this epoch's shard; return the epoch's sums over all workers.
+
+        Checkpoints every ``checkpoint_every_steps`` global steps on the way.
+        """
+        train = self.job.train
+        self.model.train()
+        epoch_stats, unsaved, window = EpochStats(), EpochStats(), EpochStats()
+        unsaved_start = window_start = time.perf_counter()
+        self.progress.epoch, self.progress.epoch_complete = epoch, False
+        self.progress.step_in_epoch = self.progress.samples_in_epoch = 0
+        for step in lockstep_batches(shard, self.job, self.device, train.max_steps_per_epoch):
+            start = time.perf_counter()
+            loss_sum = self.train_step(step)
+            compute_s = time.perf_counter() - start
+            self.progress.global_step += 1
+            self.progress.step_in_epoch += 1
+            self.progress.samples_in_epoch += step.global_samples
+            for stats in (epoch_stats, unsaved, window):
+                stats.add(step.num_samples, loss_sum, step.wait_s, compute_s)
+            self._log_step(step, loss_sum, compute_s)
+            _maybe_inject_fault(epoch, self.progress.step_in_epoch, self.rank)
+            if self.progress.step_in_epoch % train.log_every_steps == 0:
+                self._log_window(epoch, window, time.perf_counter() - window_start)
+                window, window_start = EpochStats(), time.perf_counter()
+            if train.checkpoint_every_steps and self.progress.global_step % train.checkpoint_every_steps == 0:
+                epoch_stats.wall_s += self._accumulate(unsaved, time.perf_counter() - unsaved_start)
+                self.checkpoint({"epoch": epoch, **self.summary()})
+                unsaved, unsaved_start = EpochStats(), time.perf_counter()
+        epoch_stats.wall_s += self._accumulate(unsaved, time.perf_counter() - unsaved_start)
+        self.tracker.flush()
+        return epoch_stats.all_reduced()
+
+    def _accumulate(self, stats: EpochStats, elapsed_s: float) -> float:
+        """Fold a stretch of steps (summed over workers) into ``progress``; returns ``elapsed_s``."""
+        total = stats.all_reduced()
+        self.progress.samples += total.samples
+        self.progress.wait_s += total.wait_s
+        self.progress.compute_s += total.compute_s
+        self.progress.train_time_s += elapsed_s
+        return elapsed_s
+
+    def _log_step(self, step: StepBatch, loss_sum: float, compute_s: float) -> None:
+        metrics = {
+            "samples_per_s": step.global_samples / max(step.wait_s + compute_s, 1e-9),
+            "data_wait_fraction": step.wait_s / max(step.wait_s + compute_s, 1e-9),
+        }
+        if step.num_samples:
+            metrics["loss"] = loss_sum / step.num_samples
+        self.tracker.log_step(self.progress.global_step, metrics)
+
+    def _log_window(self, epoch: int, window: EpochStats, elapsed_s: float) -> None:
+        total = window.all_reduced()
+        self.tracker.flush()
+        if self.rank == 0:
+            log.info("epoch %d step %d: loss %.4f, %.0f samples/s, data-wait %.3f",
+                     epoch, self.progress.step_in_epoch, total.loss, total.samples / max(elapsed_s, 1e-9),
+                     total.data_wait_fraction)
+
+    # ----------------------------------------------------------------- evaluation
+
+    @torch.no_grad()
+    def evaluate(self, shard: Any) -> tuple[float, float, int]:
+        """(AUC, logloss, samples) over the whole eval shard of every worker."""
+        self.model.eval()
+        logits, labels = [], []
+        for step in lockstep_batches(shard, self.job, self.device):
+            with self.autocast():
+                _, out = self.model(step.batch)
+            if step.num_samples:
+                logits.append(out.float().cpu().numpy())
+                labels.append(step.batch.labels.cpu().numpy())
+        self.model.train()
+        local = (np.concatenate(logits) if logits else np.zeros(0, np.float32),
+                 np.concatenate(labels) if labels else np.zeros(0, np.float32))
+        parts = [local]
+        if dist.is_initialized() and self.world_size > 1:
+            parts = [None] * self.world_size
+            dist.all_gather_object(parts, local)
+        all_logits = np.concatenate([p[0] for p in parts])
+        all_labels = np.concatenate([p[1] for p in parts])
+        return auc(all_logits, all_labels), logloss_from_logits(all_logits, all_labels), len(all_labels)
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def summary(self) -> dict[str, float]:
+        """The run's figures so far: what TrainingResult is built from."""
+        p = self.progress
+        busy = p.wait_s + p.compute_s
+        return {
+            "samples_per_s": p.samples / p.train_time_s if p.train_time_s else 0.0,
+            "data_wait_fraction": p.wait_s / busy if busy else 0.0,
+            "auc": p.eval_auc if p.eval_auc is not None else float("nan"),
+            "logloss": p.eval_logloss if p.eval_logloss is not None else float("nan"),
+            "steps": p.global_step,
+            "samples": p.samples,
+            "train_time_s": p.train_time_s,
+        }
+
+    def checkpoint(self, metrics: dict[str, Any]) -> None:
+        """Save on every rank and report to Ray Train (which merges the ranks' directories)."""
+        import ray.train
+
+        name = f"checkpoint_e{self.progress.epoch:03d}_s{self.progress.global_step:08d}"
+        with tempfile.TemporaryDirectory(prefix="dlrm-ckpt-") as tmp:
+            save_checkpoint(tmp, self.model, self.dense_optimizer, self.progress)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                             checkpoint_dir_name=name)
+
+    def restore(self, path: str) -> None:
+        self.progress = load_checkpoint(path, self.model, self.dense_optimizer)
+        if self.rank == 0:
+            replay = "" if self.progress.epoch_complete else (
+                f"; epoch {self.progress.epoch} restarts, replaying {self.progress.samples_in_epoch} samples"
+            )
+            log.info("restored %s: epoch %d, global step %d%s", path, self.progress.epoch,
+                     self.progress.global_step, replay)
+
+
+def _latest_checkpoint_dir(job: JobConfig) -> contextlib.AbstractContextManager[str | None]:
+    """Ray Train's latest checkpoint (after a failure), else ``train.resume_from``, else None."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        return checkpoint.as_directory()
+    return contextlib.nullcontext(job.train.resume_from)
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train entry point; ``config`` is :meth:`LoopConfig.to_dict`."""
+    import ray.train
+    import ray.train.torch
+
+    loop = LoopConfig.from_dict(config)
+    job = loop.job
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    torch.set_num_threads(max(1, int(job.train.cpus_per_worker)))
+    device = ray.train.torch.get_device() if job.train.use_gpu else torch.device("cpu")
+
+    model = build_sharded_model(job, device)
+    worker = Worker(job, model, build_dense_optimizer(model, job.train), device, rank, world_size,
+                    make_tracker(loop.tracking_uri, loop.mlflow_run_id, rank))
+    with _latest_checkpoint_dir(job) as path:
+        if path:
+            worker.restore(path)
+    start_epoch = worker.progress.next_epoch
+
+    train_shard = ray.train.get_dataset_shard("train")
+    eval_shard = ray.train.get_dataset_shard("eval") if loop.has_eval else None
+    for epoch in range(start_epoch, job.train.epochs):
+        stats = worker.train_epoch(train_shard, epoch)
+        if eval_shard is not None:
+            worker.progress.eval_auc, worker.progress.eval_logloss, eval_samples = worker.evaluate(eval_shard)
+        worker.progress.epoch_complete = True
+        epoch_metrics = {
+            "epoch": epoch,
+            "start_epoch": start_epoch,
+            "epoch_train_loss": stats.loss,
+            "epoch_samples": stats.samples,
+            **worker.summary(),
+        }
+        worker.tracker.log_epoch(epoch, {
+            "epoch_train_loss": stats.loss,
+            "eval_auc": epoch_metrics["auc"],
+            "eval_logloss": epoch_metrics["logloss"],
+            "epoch_samples_per_s": stats.samples_per_s,
+            "epoch_data_wait_fraction": stats.data_wait_fraction,
+        })
+        if rank == 0:
+            log.info("epoch %d done: %s", epoch, json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                                              for k, v in epoch_metrics.items()}))
+        worker.checkpoint(epoch_metrics)
+    if start_epoch >= job.train.epochs:  # restored a finished run: report it again as the result
+        if rank == 0:
+            log.info("nothing to train: the checkpoint already completed %d epochs", job.train.epochs)
+        worker.checkpoint({"epoch": worker.progress.epoch, "start_epoch": start_epoch, **worker.summary()})
+

@@ -1,0 +1,137 @@
+"""Driver side of training: build the TorchTrainer, run it, return the figures.
+
+:func:`run_training` is all the rest of the platform calls. It holds no
+model: the workers build, shard and train it (:mod:`.loop`); the driver only
+configures Ray Train and reads back the metrics reported with the last
+checkpoint (Ray Train V2 keeps metrics only for reports with a checkpoint).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import ray.train
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from dlrm_platform.config import JobConfig
+from dlrm_platform.train.loop import LoopConfig, train_loop_per_worker
+
+if TYPE_CHECKING:
+    from ray.data import Dataset, DataIterator, ExecutionOptions
+
+__all__ = ["TrainingResult", "UnequalSplitDataConfig", "run_training"]
+
+
+class UnequalSplitDataConfig(ray.train.DataConfig):
+    """Ray Train's DataConfig with ``streaming_split(equal=False)``.
+
+    The stock ``configure`` hard-codes ``equal=True``, which drops rows to give
+    every worker the same count. We keep every row and instead run the
+    workers in lockstep with zero-weight steps for a worker that runs out
+    first (see :mod:`.loop`), so each sample is trained on once per epoch.
+    """
+
+    def configure(self, datasets: dict[str, Dataset], world_size: int, worker_handles: Any,
+                  worker_node_ids: Any, **kwargs: Any) -> list[dict[str, DataIterator]]:
+        output: list[dict[str, DataIterator]] = [{} for _ in range(world_size)]
+        hints = worker_node_ids if self._enable_shard_locality else None
+        for name, ds in datasets.items():
+            ds = ds.copy(ds)
+            if ds.name is None:
+                ds.set_name(name)
+            ds.context.execution_options = self._resolve_execution_options(name)
+            for i, split in enumerate(ds.streaming_split(world_size, equal=False, locality_hints=hints)):
+                output[i][name] = split
+        return output
+
+
+@dataclass
+class TrainingResult:
+    """The figures of a finished training run (summed over workers and epochs).
+
+    ``samples_per_s``: trained samples per second of training time (evaluation
+    and checkpointing excluded); ``data_wait_fraction``: wait / (wait +
+    compute) over all steps of all workers; ``auc``/``logloss``: held-out, after
+    the last epoch (NaN without an eval split); ``steps``: lockstep steps;
+    ``samples``: samples trained on (replays after a failure included);
+    ``checkpoint_path``: the last checkpoint (DCP directory).
+    """
+
+    samples_per_s: float
+    data_wait_fraction: float
+    auc: float
+    logloss: float
+    steps: int
+    samples: int
+    checkpoint_path: str | None
+    train_time_s: float
+    start_epoch: int = 0
+    metrics: dict[str, Any] | None = None
+
+    @classmethod
+    def from_metrics(cls, metrics: dict[str, Any], checkpoint_path: str | None) -> TrainingResult:
+        return cls(
+            samples_per_s=float(metrics["samples_per_s"]),
+            data_wait_fraction=float(metrics["data_wait_fraction"]),
+            auc=float(metrics.get("auc", math.nan)),
+            logloss=float(metrics.get("logloss", math.nan)),
+            steps=int(metrics["steps"]),
+            samples=int(metrics["samples"]),
+            checkpoint_path=checkpoint_path,
+            train_time_s=float(metrics["train_time_s"]),
+            start_epoch=int(metrics.get("start_epoch", 0)),
+            metrics=dict(metrics),
+        )
+
+
+def run_training(
+    job: JobConfig,
+    datasets: dict[str, Dataset],
+    *,
+    mlflow_run_id: str | None,
+    tracking_uri: str | None,
+    storage_path: str,
+    execution_options: ExecutionOptions | dict[str, ExecutionOptions] | None = None,
+    run_name: str | None = None,
+) -> TrainingResult:
+    """Train ``job``'s DLRM on ``datasets["train"]`` (packed batches), evaluate on ``datasets["eval"]``.
+
+    ``run_name`` names the Ray Train run under ``storage_path``; a run of the
+    same name and storage path resumes from its latest checkpoint. Default:
+    ``<job.name>-<mlflow_run_id>`` (so a retried job with the same MLflow run
+    resumes), or a fresh random suffix without a run id.
+    """
+    if "train" not in datasets:
+        raise ValueError(f"datasets must hold 'train' (and optionally 'eval'), got {sorted(datasets)}")
+    train = job.train
+    name = run_name or f"{job.name}-{mlflow_run_id or uuid.uuid4().hex[:8]}"
+    loop_config = LoopConfig(job=job, mlflow_run_id=mlflow_run_id, tracking_uri=tracking_uri,
+                             has_eval="eval" in datasets)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_config.to_dict(),
+        scaling_config=ScalingConfig(
+            num_workers=train.num_workers,
+            use_gpu=train.use_gpu,
+            resources_per_worker={"CPU": train.cpus_per_worker, **({"GPU": 1} if train.use_gpu else {})},
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage_path,
+            failure_config=FailureConfig(max_failures=train.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
+        datasets={k: v for k, v in datasets.items() if k in ("train", "eval")},
+        dataset_config=UnequalSplitDataConfig(execution_options=execution_options),
+    )
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    if result.metrics is None:
+        raise RuntimeError(f"training run {name!r} reported no checkpoint with metrics")
+    checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
+    return TrainingResult.from_metrics(result.metrics, checkpoint_path)
