@@ -332,6 +332,21 @@ def test_generate_refuses_mismatched_columns_before_writing(tmp_path: Path) -> N
     assert not (tmp_path / "ds").exists()
 
 
+def test_split_names_must_differ(tmp_path: Path) -> None:
+    cfg = small(num_sessions=20)
+    data = DataConfig(path=tmp_path, columns=synthetic_schema(cfg), synthetic=cfg, train_split="x", eval_split="x")
+    with pytest.raises(UserError, match="must differ"):
+        generate_dataset(data, progress=False)
+
+
+def test_custom_split_names(tmp_path: Path) -> None:
+    cfg = small(num_sessions=20)
+    data = DataConfig(path=tmp_path, columns=synthetic_schema(cfg), synthetic=cfg, train_split="tr", eval_split="va")
+    report = generate_dataset(data, progress=False)
+    files = validate_dataset(data)
+    assert files.train[0].parent == tmp_path / "tr" and files.eval_rows == report.eval_rows > 0
+
+
 def test_config_without_dense_columns_is_a_user_error() -> None:
     with pytest.raises(UserError, match="dense"):
         synthetic_schema(small(num_user_dense=0, num_item_dense=0))

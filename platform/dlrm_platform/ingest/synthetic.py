@@ -521,6 +521,8 @@ def generate_dataset(data: DataConfig, *, overwrite: bool = False, progress: boo
     if cfg is None:
         raise UserError("data.synthetic is not set: this config's dataset is not generated (nothing to do)")
     check_declared_columns(data.columns, cfg)
+    if data.train_split == data.eval_split:
+        raise UserError(f"data.train_split and data.eval_split are both {data.train_split!r}; they must differ")
     is_eval = _split_sessions(cfg)
     splits = {data.train_split: np.flatnonzero(~is_eval), data.eval_split: np.flatnonzero(is_eval)}
     prepare_output_dir(data.path, list(splits), overwrite=overwrite, command="gen-data")
