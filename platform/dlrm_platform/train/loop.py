@@ -51,10 +51,11 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from dlrm_platform.config import JobConfig
-from dlrm_platform.ingest.batching import unpack_batch
+from dlrm_platform.ingest.dedup_batching import packed_batch_stats
 from dlrm_platform.train.checkpoint import TrainProgress, load_checkpoint, save_checkpoint
 from dlrm_platform.train.metrics import auc, logloss_from_logits
-from dlrm_platform.train.model import build_dense_optimizer, build_sharded_model, dummy_batch
+from dlrm_platform.train.dedup_model import batch_codec, build_job_model
+from dlrm_platform.train.model import build_dense_optimizer
 from dlrm_platform.train.tracking import Tracker, make_tracker
 
 __all__ = [
@@ -113,6 +114,7 @@ class StepBatch:
     num_samples: int  # this worker's real samples in the step (0 for a dummy)
     global_samples: int  # real samples of all workers in the step
     wait_s: float  # time until every worker had its batch
+    stats: dict[str, float] = field(default_factory=dict)  # packed_batch_stats: batch_bytes, dedup_factor
 
 
 def lockstep_batches(shard: Any, job: JobConfig, device: torch.device,
@@ -121,16 +123,14 @@ def lockstep_batches(shard: Any, job: JobConfig, device: torch.device,
 
     Ends for all workers at once: when none has a batch left, or after ``max_steps``.
     """
-    sparse_features = job.data.columns.sparse_features
-    num_dense = len(job.data.columns.dense_columns)
+    unpack, dummy = batch_codec(job, device)  # plain Batch or DedupBatch (ingest.dedup)
     tables = iter(shard.iter_batches(batch_size=1, batch_format="pyarrow",
                                      prefetch_batches=job.ingest.prefetch_batches))
-    dummy = dummy_batch(sparse_features, num_dense, device)
     steps = 0
     while max_steps is None or steps < max_steps:
         start = time.perf_counter()
         table = next(tables, None)
-        batch = None if table is None else unpack_batch(table, sparse_features, num_dense).to(device)
+        batch = None if table is None else unpack(table)
         n = 0 if batch is None else int(batch.labels.shape[0])
         flags = torch.tensor([int(batch is not None), n], dtype=torch.int64)
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -138,7 +138,7 @@ def lockstep_batches(shard: Any, job: JobConfig, device: torch.device,
         if int(flags[0]) == 0:
             return
         yield StepBatch(batch if batch is not None else dummy, n, int(flags[1]),
-                        time.perf_counter() - start)
+                        time.perf_counter() - start, packed_batch_stats(table) if table is not None else {})
         steps += 1
 
 
@@ -276,6 +276,7 @@ class Worker:
         }
         if step.num_samples:
             metrics["loss"] = loss_sum / step.num_samples
+            metrics.update(step.stats)
         self.tracker.log_step(self.progress.global_step, metrics)
 
     def _log_window(self, epoch: int, window: EpochStats, elapsed_s: float) -> None:
@@ -369,7 +370,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     torch.set_num_threads(max(1, int(job.train.cpus_per_worker)))
     device = ray.train.torch.get_device() if job.train.use_gpu else torch.device("cpu")
 
-    model = build_sharded_model(job, device)
+    model = build_job_model(job, device)  # the dedup DLRM when ingest.dedup is on
     worker = Worker(job, model, build_dense_optimizer(model, job.train), device, rank, world_size,
                     make_tracker(loop.tracking_uri, loop.mlflow_run_id, rank))
     with _latest_checkpoint_dir(job) as path:

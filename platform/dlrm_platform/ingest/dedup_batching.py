@@ -1,0 +1,292 @@
+"""Deduplicated training batches (IKJT): the packed contract of the dedup pipeline and its tensors.
+
+A dedup batch of ``B`` samples drawn from whole sessions carries each
+session's user-side features once, in ``U <= B`` *user rows*, plus one
+inverse index per sample naming its user row; item-side features stay per
+sample in an ordinary ``KeyedJaggedTensor``. The user side is an *inverse
+keyed jagged tensor* (IKJT): a KJT of stride ``U`` (the unique values) and
+the inverse indices (which user row each sample reads). All user-side
+features of a sample come from the same session, so one inverse vector
+serves every user-side feature (one feature group). Example: user features
+``u_cat_0`` (one id) and ``u_history`` (a list), item feature ``i_cat_0``;
+5 samples from 3 sessions, the last session cut by the batch boundary::
+
+    sample             0        1        2        3        4
+    session            s7       s7       s7       s2       s9  (s9 goes on in the next batch)
+    inverse            0        0        0        1        2   -> user row of each sample
+
+    user rows: IKJT values, stride U = 3           item KJT, stride B = 5
+                  0         1       2                           0    1    2    3    4
+    u_cat_0     [17]      [4]     [9]            i_cat_0      [5]  [8]  [2]  [5]  [7]
+    u_history   [3,1,4]   [1,5]   []
+    user_dense  [.1 .7]   [.3 .2] [.0 .9]        item dense   [B, Di]      labels [B]
+
+    expanded (what the plain pipeline would have shipped for the same samples):
+    u_cat_0     [17] [17] [17] [4] [9]      u_history [3,1,4] [3,1,4] [3,1,4] [1,5] []
+
+Packed as one Arrow row per batch (:data:`DEDUP_PACKED_SCHEMA`). The first
+five columns keep the names and types of the plain contract
+(:data:`~dlrm_platform.ingest.batching.PACKED_SCHEMA`) and hold the
+*item* side, so code that only knows plain batches still reads the labels and
+sample counts; the user side is in new columns::
+
+    num_samples  : int32                        B
+    labels       : list<float32>   [B]
+    dense        : list<float32>   [B * Di]     item-side dense, row-major
+    lengths      : list<int32>     [Fi * B]     item KJT lengths, feature-major
+    values       : list<int64>                  item KJT values (hashed ids)
+    num_users    : int32                        U
+    user_dense   : list<float32>   [U * Du]     user-side dense, row-major
+    user_lengths : list<int32>     [Fu * U]     user KJT lengths, feature-major
+    user_values  : list<int64>                  user KJT values (hashed ids)
+    inverse      : list<int32>     [B]          user row of each sample, in [0, U)
+
+A plain packed row has no ``inverse`` column (:func:`is_dedup_packed`):
+:func:`~dlrm_platform.ingest.batching.unpack_batch` keeps reading plain rows
+unchanged, :func:`unpack_dedup_batch` reads dedup rows into a
+:class:`DedupBatch`, and :meth:`DedupBatch.expand` turns one into the plain
+``Batch`` of the same samples (dense = user then item columns, KJT keys =
+user then item features: the order of :class:`~dlrm_platform.config.DatasetSchema`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.streamable import Pipelineable
+
+from dlrm_platform.ingest.batching import PACKED_SCHEMA, _row_values, _single_list
+
+__all__ = [
+    "DEDUP_COLUMNS",
+    "DEDUP_PACKED_SCHEMA",
+    "DedupBatch",
+    "dummy_dedup_batch",
+    "is_dedup_packed",
+    "pack_dedup_arrays",
+    "packed_batch_stats",
+    "unpack_dedup_batch",
+]
+
+DEDUP_COLUMNS = ("num_users", "user_dense", "user_lengths", "user_values", "inverse")
+DEDUP_PACKED_SCHEMA = pa.schema(
+    [
+        *PACKED_SCHEMA,
+        ("num_users", pa.int32()),
+        ("user_dense", pa.large_list(pa.float32())),
+        ("user_lengths", pa.large_list(pa.int32())),
+        ("user_values", pa.large_list(pa.int64())),
+        ("inverse", pa.large_list(pa.int32())),
+    ]
+)
+
+
+def is_dedup_packed(table: pa.Table | pa.Schema) -> bool:
+    """Whether packed rows follow the dedup contract (they have an ``inverse`` column)."""
+    schema = table if isinstance(table, pa.Schema) else table.schema
+    return "inverse" in schema.names
+
+
+def pack_dedup_arrays(
+    *,
+    labels: np.ndarray,
+    item_dense: np.ndarray,
+    item_lengths: np.ndarray,
+    item_values: np.ndarray,
+    user_dense: np.ndarray,
+    user_lengths: np.ndarray,
+    user_values: np.ndarray,
+    inverse: np.ndarray,
+    num_users: int,
+) -> pa.Table:
+    """One packed dedup row from flat numpy buffers (already in the layout of the module docstring)."""
+    return pa.Table.from_arrays(
+        [
+            pa.array([len(labels)], pa.int32()),
+            _single_list(labels.astype(np.float32, copy=False), pa.float32()),
+            _single_list(item_dense.astype(np.float32, copy=False).reshape(-1), pa.float32()),
+            _single_list(item_lengths.astype(np.int32, copy=False), pa.int32()),
+            _single_list(item_values.astype(np.int64, copy=False), pa.int64()),
+            pa.array([num_users], pa.int32()),
+            _single_list(user_dense.astype(np.float32, copy=False).reshape(-1), pa.float32()),
+            _single_list(user_lengths.astype(np.int32, copy=False), pa.int32()),
+            _single_list(user_values.astype(np.int64, copy=False), pa.int64()),
+            _single_list(inverse.astype(np.int32, copy=False), pa.int32()),
+        ],
+        schema=DEDUP_PACKED_SCHEMA,
+    )
+
+
+def _gather_jagged(lengths: torch.Tensor, values: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``index`` of a jagged tensor: (lengths[index], their values concatenated)."""
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths.to(torch.int64), 0, out=offsets[1:])
+    new_lengths = lengths[index]
+    total = int(new_lengths.sum())
+    if total == 0:
+        return new_lengths, values[:0]
+    starts = offsets[:-1][index]
+    new_offsets = torch.cumsum(new_lengths.to(torch.int64), 0) - new_lengths
+    pos = torch.repeat_interleave(starts - new_offsets, new_lengths.to(torch.int64), output_size=total)
+    pos = pos + torch.arange(total, device=values.device)
+    return new_lengths, values[pos]
+
+
+@dataclass
+class DedupBatch(Pipelineable):
+    """A dedup batch as tensors: ``U`` user rows, ``B`` samples (see the module docstring).
+
+    user_dense  float32 [U, Du]       user_sparse  KJT, user keys, stride U
+    inverse     int64   [B]           user row of each sample
+    item_dense  float32 [B, Di]       item_sparse  KJT, item keys, stride B
+    labels      float32 [B]
+    packed_bytes: size of the packed Arrow row it came from (0 when built otherwise)
+    """
+
+    user_dense: torch.Tensor
+    user_sparse: KeyedJaggedTensor
+    inverse: torch.Tensor
+    item_dense: torch.Tensor
+    item_sparse: KeyedJaggedTensor
+    labels: torch.Tensor
+    packed_bytes: int = 0
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.inverse.numel())
+
+    @property
+    def num_users(self) -> int:
+        return int(self.user_dense.shape[0])
+
+    @property
+    def dedup_factor(self) -> float:
+        """Samples per unique user row."""
+        return self.num_samples / max(self.num_users, 1)
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> DedupBatch:
+        return DedupBatch(
+            user_dense=self.user_dense.to(device=device, non_blocking=non_blocking),
+            user_sparse=self.user_sparse.to(device=device, non_blocking=non_blocking),
+            inverse=self.inverse.to(device=device, non_blocking=non_blocking),
+            item_dense=self.item_dense.to(device=device, non_blocking=non_blocking),
+            item_sparse=self.item_sparse.to(device=device, non_blocking=non_blocking),
+            labels=self.labels.to(device=device, non_blocking=non_blocking),
+            packed_bytes=self.packed_bytes,
+        )
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        for t in (self.user_dense, self.inverse, self.item_dense, self.labels):
+            t.record_stream(stream)
+        self.user_sparse.record_stream(stream)
+        self.item_sparse.record_stream(stream)
+
+    def pin_memory(self) -> DedupBatch:
+        return DedupBatch(
+            user_dense=self.user_dense.pin_memory(),
+            user_sparse=self.user_sparse.pin_memory(),
+            inverse=self.inverse.pin_memory(),
+            item_dense=self.item_dense.pin_memory(),
+            item_sparse=self.item_sparse.pin_memory(),
+            labels=self.labels.pin_memory(),
+            packed_bytes=self.packed_bytes,
+        )
+
+    def expand(self) -> Batch:
+        """The plain ``Batch`` of the same samples: every user row copied to each of its samples."""
+        inv = self.inverse
+        dense = torch.cat([self.user_dense[inv], self.item_dense], dim=1)
+        lengths, values = [], []
+        user, item = self.user_sparse, self.item_sparse
+        stride_u = self.num_users
+        user_lengths, user_values = user.lengths(), user.values()
+        offsets = user.offset_per_key()
+        for k in range(len(user.keys())):
+            lk = user_lengths[k * stride_u : (k + 1) * stride_u]
+            vk = user_values[offsets[k] : offsets[k + 1]]
+            gl, gv = _gather_jagged(lk, vk, inv)
+            lengths.append(gl)
+            values.append(gv)
+        lengths.append(item.lengths())
+        values.append(item.values())
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=[*user.keys(), *item.keys()],
+            values=torch.cat(values),
+            lengths=torch.cat([t.to(torch.int32) for t in lengths]),
+        )
+        return Batch(dense_features=dense, sparse_features=kjt, labels=self.labels)
+
+
+def unpack_dedup_batch(
+    table: pa.Table,
+    user_sparse_features: Sequence[str],
+    item_sparse_features: Sequence[str],
+    num_user_dense: int,
+    num_item_dense: int,
+    row: int = 0,
+) -> DedupBatch:
+    """Packed dedup row ``row`` of ``table`` as a :class:`DedupBatch` (one copy per buffer)."""
+    b = int(table.column("num_samples")[row].as_py())
+    u = int(table.column("num_users")[row].as_py())
+
+    def col(name: str) -> torch.Tensor:
+        return torch.from_numpy(_row_values(table, name, row).copy())
+
+    user_kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=list(user_sparse_features), values=col("user_values"), lengths=col("user_lengths")
+    )
+    item_kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=list(item_sparse_features), values=col("values"), lengths=col("lengths")
+    )
+    return DedupBatch(
+        user_dense=col("user_dense").view(u, num_user_dense),
+        user_sparse=user_kjt,
+        inverse=col("inverse").to(torch.int64),
+        item_dense=col("dense").view(b, num_item_dense),
+        item_sparse=item_kjt,
+        labels=col("labels"),
+        packed_bytes=int(table.slice(row, 1).nbytes) if table.num_rows > 1 else int(table.nbytes),
+    )
+
+
+def packed_batch_stats(table: pa.Table, row: int = 0) -> dict[str, float]:
+    """What a run logs per batch: ``batch_bytes`` (the packed row) and ``dedup_factor`` (samples per user row).
+
+    Works on plain rows too (dedup factor 1: every sample carries its own user features).
+    """
+    one = table.slice(row, 1) if table.num_rows > 1 else table
+    b = int(one.column("num_samples")[0].as_py())
+    u = int(one.column("num_users")[0].as_py()) if is_dedup_packed(one) else b
+    return {"batch_bytes": float(one.nbytes), "dedup_factor": b / max(u, 1)}
+
+
+def dummy_dedup_batch(
+    user_sparse_features: Sequence[str],
+    item_sparse_features: Sequence[str],
+    num_user_dense: int,
+    num_item_dense: int,
+    device: torch.device | str = "cpu",
+) -> DedupBatch:
+    """A one-sample, one-user batch (zeros, id 0 in every table) for a zero-weight lockstep step."""
+
+    def kjt(keys: Sequence[str]) -> KeyedJaggedTensor:
+        return KeyedJaggedTensor.from_lengths_sync(
+            keys=list(keys),
+            values=torch.zeros(len(keys), dtype=torch.int64),
+            lengths=torch.ones(len(keys), dtype=torch.int32),
+        )
+
+    return DedupBatch(
+        user_dense=torch.zeros(1, num_user_dense),
+        user_sparse=kjt(user_sparse_features),
+        inverse=torch.zeros(1, dtype=torch.int64),
+        item_dense=torch.zeros(1, num_item_dense),
+        item_sparse=kjt(item_sparse_features),
+        labels=torch.zeros(1),
+    ).to(torch.device(device))
