@@ -15,7 +15,11 @@ Each session is one user shown several items. Columns (``U`` = num_user_categori
 
 Every user-side column holds the same value in every row of a session. The
 attributes ``u_cat_k``/``i_cat_k`` (k >= 1) are fixed functions of the id, with
-vocabulary ``vocab ** (1 - 0.35 k)`` (at least 2; see :func:`derived_vocab_sizes`).
+vocabulary ``vocab ** (1 - 0.35 k)`` (at least 2; see :func:`derived_vocab_sizes`);
+``u_history`` and ``u_dense_*`` are drawn per session (the user's state at the
+time), so a user seen in two sessions keeps their attributes but not their history.
+Samples per session: ``round(mean)`` (fixed), ``1 + Poisson(mean - 1)`` or
+``Geometric(1 / mean)``, clipped to ``[1, max]``.
 
 Hidden ground truth (not stored): every user segment and item category has a
 taste vector; a user's taste is their segment's plus a smaller personal part,
@@ -31,7 +35,9 @@ the item's category, and log1p dense features, which is what the pipeline's
 dense transform computes.
 
 Randomness comes from named streams of ``seed`` (:func:`_rng`) and from id-keyed
-hashes, so the same config writes byte-identical Parquet files.
+hashes, so the same config writes byte-identical Parquet files. Memory: the
+per-row arrays (about 100 bytes a row) and every session's history are held at
+once; rows with their repeated histories are materialised one shard at a time.
 """
 
 from __future__ import annotations
