@@ -1,0 +1,186 @@
+"""Actions and their masks: per-operator concurrency within the CPU budget.
+
+An allocation gives each operator a number of *slots* (concurrent tasks or
+actors), each reserving ``num_cpus``. It is feasible when every operator has at
+least its minimum (so nothing is starved) and the slots fit the CPU budget:
+scaling past the free CPUs stalls Ray Data silently, so no action may ever get
+there. Growing anything is also masked while object-store memory is at its
+limit.
+
+The RL policy acts in a small discrete space shared with the simulator:
+``0`` = hold, ``1..K_MAX`` = one more slot for operator k, ``K_MAX+1..2*K_MAX``
+= one fewer slot for operator k. "One more" takes a free slot if the budget has
+one, otherwise one from the operator with the most spare capacity (the donor).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from dlrm_platform.tuner.spec import Allocation, OpSpec
+
+K_MAX = 8
+N_ACTIONS = 1 + 2 * K_MAX
+EPS = 1e-9
+
+
+def used_cpus(alloc: Mapping[str, int], specs: Sequence[OpSpec]) -> float:
+    return sum(alloc[s.name] * s.num_cpus for s in specs)
+
+
+def free_cpus(alloc: Mapping[str, int], specs: Sequence[OpSpec], budget: float) -> float:
+    return budget - used_cpus(alloc, specs)
+
+
+def is_feasible(alloc: Mapping[str, int], specs: Sequence[OpSpec], budget: float) -> bool:
+    for s in specs:
+        n = alloc.get(s.name, 0)
+        if n < s.min_slots or n > s.upper(budget):
+            return False
+    return used_cpus(alloc, specs) <= budget + EPS
+
+
+def _slack_key(name: str, alloc: Mapping[str, int], capacities: Mapping[str, float | None] | None):
+    """Higher = more spare capacity: a better donor."""
+    cap = (capacities or {}).get(name)
+    return (cap if cap is not None else math.inf, alloc[name])
+
+
+def pick_donor(
+    alloc: Mapping[str, int],
+    specs: Sequence[OpSpec],
+    exclude: str | None,
+    capacities: Mapping[str, float | None] | None = None,
+) -> str | None:
+    """The operator above its minimum with the most spare capacity (unknown counts as most)."""
+    cands = [s.name for s in specs if s.name != exclude and alloc[s.name] > s.min_slots]
+    if not cands:
+        return None
+    return max(cands, key=lambda n: _slack_key(n, alloc, capacities))
+
+
+def project(
+    alloc: Mapping[str, int],
+    specs: Sequence[OpSpec],
+    budget: float,
+    capacities: Mapping[str, float | None] | None = None,
+) -> Allocation:
+    """The nearest feasible allocation: clip to bounds, then take slots from the
+    operators with the most spare capacity until the budget holds."""
+    out = {s.name: int(min(max(int(alloc.get(s.name, s.min_slots)), s.min_slots), s.upper(budget))) for s in specs}
+    while used_cpus(out, specs) > budget + EPS:
+        donor = pick_donor(out, specs, None, capacities)
+        if donor is None:  # only possible when the minimums exceed the budget (rejected by TunerSpec)
+            break
+        out[donor] -= 1
+    return out
+
+
+def can_grow(
+    name: str,
+    alloc: Mapping[str, int],
+    specs: Sequence[OpSpec],
+    budget: float,
+    capacities: Mapping[str, float | None] | None = None,
+) -> bool:
+    spec = next(s for s in specs if s.name == name)
+    if alloc[name] + 1 > spec.upper(budget):
+        return False
+    trial = dict(alloc)
+    trial[name] += 1
+    while used_cpus(trial, specs) > budget + EPS:
+        donor = pick_donor(trial, specs, name, capacities)
+        if donor is None:
+            return False
+        trial[donor] -= 1
+    return True
+
+
+def action_mask(
+    alloc: Mapping[str, int],
+    specs: Sequence[OpSpec],
+    budget: float,
+    *,
+    mem_fraction: float = 0.0,
+    capacities: Mapping[str, float | None] | None = None,
+    completed: Mapping[str, bool] | None = None,
+) -> np.ndarray:
+    """Valid actions as a bool vector of length N_ACTIONS (hold is always valid)."""
+    mask = np.zeros(N_ACTIONS, dtype=bool)
+    mask[0] = True
+    memory_ok = mem_fraction < 1.0
+    for k, s in enumerate(specs[:K_MAX]):
+        if (completed or {}).get(s.name):
+            continue
+        if memory_ok and can_grow(s.name, alloc, specs, budget, capacities):
+            mask[1 + k] = True
+        if alloc[s.name] > s.min_slots:
+            mask[1 + K_MAX + k] = True
+    return mask
+
+
+def describe_action(a: int, names: Sequence[str]) -> str:
+    if a == 0:
+        return "hold"
+    if 1 <= a <= K_MAX:
+        return f"+1 {names[a - 1]}" if a - 1 < len(names) else f"+1 <pad{a - 1}>"
+    k = a - 1 - K_MAX
+    return f"-1 {names[k]}" if k < len(names) else f"-1 <pad{k}>"
+
+
+def apply_action(
+    a: int,
+    alloc: Mapping[str, int],
+    specs: Sequence[OpSpec],
+    budget: float,
+    capacities: Mapping[str, float | None] | None = None,
+) -> Allocation:
+    """The allocation after action ``a``; an invalid action holds."""
+    out = dict(alloc)
+    if a <= 0 or a >= N_ACTIONS:
+        return out
+    if a <= K_MAX:
+        k = a - 1
+        if k >= len(specs) or not can_grow(specs[k].name, out, specs, budget, capacities):
+            return out
+        name = specs[k].name
+        out[name] += 1
+        while used_cpus(out, specs) > budget + EPS:
+            donor = pick_donor(out, specs, name, capacities)
+            out[donor] -= 1  # can_grow guaranteed a donor
+        return out
+    k = a - 1 - K_MAX
+    if k >= len(specs) or out[specs[k].name] <= specs[k].min_slots:
+        return out
+    out[specs[k].name] -= 1
+    return out
+
+
+def fill_budget(
+    alloc: Mapping[str, int],
+    specs: Sequence[OpSpec],
+    budget: float,
+    capacities: Mapping[str, float | None],
+) -> Allocation:
+    """Give the leftover CPUs, one slot at a time, to the operator with the lowest capacity."""
+    out = dict(alloc)
+    while True:
+        cands = [s for s in specs if out[s.name] + 1 <= s.upper(budget)
+                 and used_cpus(out, specs) + s.num_cpus <= budget + EPS]
+        if not cands:
+            return out
+        # capacity per slot grows linearly: pick the op whose capacity is lowest now
+        def cap_now(s: OpSpec) -> float:
+            c = capacities.get(s.name)
+            return c if c is not None else math.inf
+        best = min(cands, key=cap_now)
+        if not math.isfinite(cap_now(best)):
+            best = min(cands, key=lambda s: out[s.name] * s.num_cpus)
+        per_slot = (capacities.get(best.name) or 0.0) / max(out[best.name], 1)
+        out[best.name] += 1
+        if capacities.get(best.name) is not None:
+            capacities = dict(capacities)
+            capacities[best.name] = per_slot * out[best.name]

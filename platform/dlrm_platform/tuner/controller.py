@@ -1,0 +1,160 @@
+"""The controller: observation -> policy -> masked allocation, once per interval.
+
+It holds no Ray objects, so it runs the same inside a Ray Data executor (via
+``ray_hooks.TunerCallback``), in the simulator and in unit tests. One
+controller lives per tuner id and process, so what a policy learned in epoch 1
+carries into epoch 2 (each epoch is a new Ray Data execution).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from dlrm_platform.tuner.actions import project
+from dlrm_platform.tuner.observe import Observation, RawSnapshot, WindowedObserver
+from dlrm_platform.tuner.spec import Allocation, TunerSpec
+
+MEM_PRESSURE_START = 0.9
+
+
+def reward(obs: Observation) -> float:
+    """Delivered samples/s, less penalties for memory pressure and spilling."""
+    thr = obs.throughput
+    pressure = max(0.0, obs.mem_fraction - MEM_PRESSURE_START) / (1.0 - MEM_PRESSURE_START)
+    spill = 1.0 if obs.spill_rate > 0 else 0.0
+    return thr * (1.0 - 0.5 * pressure - 0.5 * spill)
+
+
+class Controller:
+    def __init__(self, spec: TunerSpec):
+        from dlrm_platform.tuner.policies import make_policy
+
+        self.spec = spec
+        self.cpus = {o.name: o.num_cpus for o in spec.ops}
+        self.allocation: Allocation = project(spec.initial_allocation(), spec.ops, spec.cpu_budget)
+        self.policy = make_policy(spec)
+        opts = spec.options
+        self.observer = WindowedObserver(
+            window_s=float(opts.get("window_s", 3.0)),
+            settle_s=float(opts.get("settle_s", 1.0)),
+        )
+        self.epoch = 0
+        self.t0: float | None = None
+        self.records: list[dict] = []
+        self._bound: int | None = None
+        self._lock = threading.Lock()
+        self.last_obs: Observation | None = None
+        self.mem_blocks = 0
+        self.tuned: list[str] = list(self.cpus)
+
+    # -- binding to one live execution at a time
+    def bind(self, key: int) -> bool:
+        with self._lock:
+            if self._bound is not None and self._bound != key:
+                return False
+            self._bound = key
+            return True
+
+    def unbind(self) -> None:
+        with self._lock:
+            self._bound = None
+
+    # -- epochs
+    def start_epoch(self, tuned: list[str] | None = None, fused: dict | None = None,
+                    missing: list[str] | None = None) -> None:
+        self.epoch += 1
+        if self.t0 is None:
+            self.t0 = time.time()
+        self.observer.clear()
+        self.observer.last_change_t = None
+        if tuned is not None:
+            self.tuned = [n for n in self.cpus if n in tuned]
+        self.policy.on_epoch_start(self.epoch)
+        self._record({"type": "epoch_start", "allocation": dict(self.allocation),
+                      "tuned": self.tuned, "fused": fused or {}, "missing": missing or []})
+
+    def end_epoch(self, how: str) -> None:
+        self._record({"type": "epoch_end", "how": how, "allocation": dict(self.allocation)})
+
+    # -- the loop
+    def tick(self, snap: RawSnapshot, budget: float) -> Allocation | None:
+        """Push a snapshot; returns the new allocation when it changed."""
+        budget = min(budget, self.spec.cpu_budget)
+        self.observer.push(snap)
+        alloc = {n: self.allocation[n] for n in self.tuned}
+        specs = [o for o in self.spec.ops if o.name in self.tuned]
+        obs = self.observer.observation(alloc, self.cpus, budget)
+        if obs is None:
+            return None
+        self.last_obs = obs
+        decision = None
+        changed = None
+        if self.spec.controls:
+            proposal = self.policy.decide(obs, dict(alloc), specs, budget)
+            if proposal is not None:
+                caps = {o.name: o.capacity for o in obs.ops}
+                proposal = project({n: proposal.get(n, alloc[n]) for n in alloc}, specs, budget, caps)
+                if proposal != alloc:
+                    changed = proposal
+                    decision = {n: proposal[n] - alloc[n] for n in alloc if proposal[n] != alloc[n]}
+                    self.allocation.update(proposal)
+                    self.observer.note_change(snap.t)
+        self._record_tick(obs, decision, budget)
+        return dict(self.allocation) if changed is not None else None
+
+    def note_applied(self, applied: dict) -> None:
+        if applied:
+            self._record({"type": "applied", "detail": applied})
+
+    def note_memory_blocks(self, n: int) -> None:
+        self.mem_blocks = n
+
+    # -- records
+    def _record(self, rec: dict) -> None:
+        rec.setdefault("t", time.time())
+        rec["elapsed"] = rec["t"] - (self.t0 or rec["t"])
+        rec["tuner_id"] = self.spec.tuner_id
+        rec["policy"] = self.spec.policy
+        rec["epoch"] = self.epoch
+        self.records.append(rec)
+
+    def _record_tick(self, obs: Observation, decision: dict | None, budget: float) -> None:
+        per_op = {}
+        for o in obs.ops:
+            per_op[o.name] = {
+                "slots": o.slots,
+                "out_rate": o.out_rate,
+                "rate_per_slot": o.rate_per_slot,
+                "capacity": o.capacity,
+                "util": o.util,
+                "running": o.running,
+                "queue_blocks": o.queue_blocks,
+                "queue_bytes": o.queue_bytes,
+                "backpressure": o.backpressure,
+                "pool_util": o.pool_util,
+                "element_ratio": o.element_ratio,
+            }
+        self._record({
+            "type": "tick",
+            "throughput": obs.throughput,
+            "window_s": obs.window_s,
+            "allocation": dict(self.allocation),
+            "per_op": per_op,
+            "mem_used": obs.mem_used,
+            "mem_limit": obs.mem_limit if math.isfinite(obs.mem_limit) else None,
+            "mem_fraction": obs.mem_fraction,
+            "spill_rate": obs.spill_rate,
+            "data_wait": obs.data_wait,
+            "budget": budget,
+            "reward": reward(obs),
+            "decision": decision,
+            "policy_state": self.policy.describe(),
+            "memory_guard_blocks": self.mem_blocks,
+            "bottleneck": obs.bottleneck(),
+        })
+
+    def pop_records(self) -> list[dict]:
+        out, self.records = self.records, []
+        return out

@@ -1,0 +1,118 @@
+"""Normalised RL observations, identical live and in the simulator.
+
+Nothing here depends on a pipeline's absolute speed, its number of CPUs or its
+number of operators: rates appear only as ratios (an operator's capacity over
+the delivered throughput, throughput over the best seen), CPUs only as shares
+of the budget, and operators are padded to ``K_MAX`` with a validity flag. This
+is what lets one pretrained policy act on pipelines it never saw.
+
+Layout of the flat vector: ``K_MAX x F`` per-operator features, ``G`` global
+features, then the ``N_ACTIONS`` action mask (1 = allowed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from dlrm_platform.tuner.actions import K_MAX, N_ACTIONS, action_mask, free_cpus
+from dlrm_platform.tuner.observe import Observation
+from dlrm_platform.tuner.spec import OpSpec
+
+F = 10   # per-operator features
+G = 7    # global features
+OBS_DIM = K_MAX * F + G + N_ACTIONS
+
+OP_FEATURES = (
+    "valid", "cpu_share", "util", "log_capacity_ratio", "measured", "queue",
+    "backpressure", "at_min", "recently_changed", "is_bottleneck",
+)
+GLOBAL_FEATURES = (
+    "free_cpu_share", "memory", "log_throughput_vs_best", "dlog_throughput",
+    "recently_acted", "num_ops", "data_wait",
+)
+
+
+class FeatureState:
+    """What the features remember between steps (per controller / episode)."""
+
+    def __init__(self, names: Sequence[str]):
+        self.steps_since_change = {n: 99 for n in names}
+        self.steps_since_action = 99
+        self.best = 0.0
+        self.prev: float | None = None
+        self.ema: float | None = None
+
+    def note_action(self, before: Mapping[str, int], after: Mapping[str, int]) -> None:
+        changed = False
+        for n in self.steps_since_change:
+            if before.get(n) != after.get(n):
+                self.steps_since_change[n] = 0
+                changed = True
+        if changed:
+            self.steps_since_action = 0
+
+    def tick(self) -> None:
+        for n in self.steps_since_change:
+            self.steps_since_change[n] += 1
+        self.steps_since_action += 1
+
+    def reset_best(self) -> None:
+        self.best = 0.0
+
+
+def featurize(
+    obs: Observation,
+    alloc: Mapping[str, int],
+    specs: Sequence[OpSpec],
+    budget: float,
+    fs: FeatureState,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(flat observation vector incl. mask, bool mask). Updates the throughput memory in ``fs``."""
+    thr = max(obs.throughput, 0.0)
+    # Smooth the best-seen with a slow decay so that a cost shift (new lower optimum)
+    # does not leave the agent chasing an unreachable past throughput forever.
+    fs.best = max(thr, fs.best * 0.995)
+    d_log = 0.0 if fs.prev is None or fs.prev <= 0 or thr <= 0 else math.log(thr / fs.prev)
+    fs.prev = thr
+
+    caps = {o.name: o.capacity for o in obs.ops}
+    completed = {o.name: o.completed for o in obs.ops}
+    mask = action_mask(alloc, specs, budget, mem_fraction=obs.mem_fraction, capacities=caps, completed=completed)
+
+    per_op = np.zeros((K_MAX, F), dtype=np.float32)
+    known = [o for o in obs.ops if o.capacity is not None]
+    bottleneck = min(known, key=lambda o: o.capacity).name if known else None
+    for k, (s, o) in enumerate(zip(specs[:K_MAX], obs.ops[:K_MAX])):
+        n = alloc[s.name]
+        ratio = 0.0
+        if o.capacity is not None and thr > 0:
+            ratio = float(np.clip(math.log(max(o.capacity, 1e-9) / thr), -1.0, 3.0)) / 3.0
+        per_op[k] = (
+            1.0,
+            n * s.num_cpus / budget,
+            float(np.clip(o.util, 0.0, 1.5)),
+            ratio,
+            1.0 if o.capacity is not None else 0.0,
+            math.tanh(o.queue_blocks / (n + 1.0)),
+            float(np.clip(o.backpressure, 0.0, 1.0)),
+            1.0 if n <= s.min_slots else 0.0,
+            math.exp(-fs.steps_since_change.get(s.name, 99) / 3.0),
+            1.0 if s.name == bottleneck else 0.0,
+        )
+    glob = np.array(
+        (
+            max(free_cpus(alloc, specs, budget), 0.0) / budget,
+            float(np.clip(obs.mem_fraction, 0.0, 2.0)) / 2.0,
+            float(np.clip(math.log(thr / fs.best), -2.0, 0.0)) / 2.0 if thr > 0 and fs.best > 0 else -1.0,
+            float(np.clip(d_log, -1.0, 1.0)),
+            math.exp(-fs.steps_since_action / 3.0),
+            len(specs) / K_MAX,
+            1.0 if obs.data_wait is None else float(np.clip(obs.data_wait, 0.0, 1.0)),
+        ),
+        dtype=np.float32,
+    )
+    vec = np.concatenate([per_op.reshape(-1), glob, mask.astype(np.float32)])
+    return vec, mask

@@ -1,0 +1,242 @@
+"""Observations: what the tuner sees about once per second.
+
+The live hooks (``ray_hooks``) and the simulator (``simulator``) both produce
+:class:`RawSnapshot` objects (cumulative counters plus instantaneous gauges);
+:func:`observe` turns two of them into an :class:`Observation` with rates over
+the window between them. Everything downstream (policies, features, reward)
+sees only ``Observation``, so the same code runs live and in simulation.
+
+Units: operator rates are in the operator's own output rows; ``capacity`` and
+``throughput`` are in *samples* delivered to the trainers, i.e. sink rows times
+the rows each sink row carries (a packed training batch carries ``batch_size``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+
+@dataclass
+class RawOp:
+    """Counters of one operator at one instant. Cumulative fields only grow."""
+
+    rows_in: float = 0.0          # cumulative rows received
+    rows_out: float = 0.0         # cumulative rows produced by its tasks
+    slot_seconds: float = 0.0     # cumulative integral of tasks running (busy slot-seconds)
+    bp_seconds: float = 0.0       # cumulative task-submission backpressure time
+    spilled_bytes: float = 0.0    # cumulative bytes spilled
+    running: float = 0.0          # tasks running now
+    queue_blocks: float = 0.0     # input queue length now
+    queue_bytes: float = 0.0      # input queue bytes now
+    pool_util: float | None = None  # actor-pool utilisation, None for task pools
+    pool_size: int | None = None  # actors alive + pending, None for task pools
+    completed: bool = False
+
+
+@dataclass
+class RawSnapshot:
+    t: float
+    ops: dict[str, RawOp]
+    sink_rows: float              # cumulative rows delivered to the consumer(s)
+    mem_used: float = 0.0         # object-store bytes used by the pipeline now
+    mem_limit: float = float("inf")  # bytes the tuner may let the pipeline use
+    data_wait: float | None = None   # trainers' data-wait fraction, when reported
+
+
+@dataclass
+class OpObs:
+    name: str
+    slots: int
+    cpus_per_slot: float
+    out_rate: float               # own output rows/s over the window
+    rate_per_slot: float | None   # own output rows per busy slot-second (None: not measured)
+    element_ratio: float          # rows out per row in (cumulative)
+    running: float                # mean tasks running over the window
+    util: float                   # running / slots
+    backpressure: float           # fraction of the window under submission backpressure
+    queue_blocks: float
+    queue_bytes: float
+    pool_util: float | None = None
+    completed: bool = False
+    capacity: float | None = None  # samples/s this op could sustain at `slots` (filled by observe)
+
+
+@dataclass
+class Observation:
+    t: float
+    window_s: float
+    ops: list[OpObs]
+    throughput: float             # samples/s delivered over the window
+    mem_used: float
+    mem_limit: float
+    spill_rate: float             # bytes/s spilled over the window
+    budget: float
+    data_wait: float | None = None
+    since_change_s: float = 0.0   # seconds since the allocation last changed
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return [o.name for o in self.ops]
+
+    def op(self, name: str) -> OpObs:
+        for o in self.ops:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    @property
+    def mem_fraction(self) -> float:
+        if not math.isfinite(self.mem_limit) or self.mem_limit <= 0:
+            return 0.0
+        return self.mem_used / self.mem_limit
+
+    @property
+    def used_cpus(self) -> float:
+        return sum(o.slots * o.cpus_per_slot for o in self.ops)
+
+    def bottleneck(self) -> str | None:
+        known = [o for o in self.ops if o.capacity is not None and not o.completed]
+        if not known:
+            return None
+        return min(known, key=lambda o: o.capacity).name
+
+
+def sink_factors(ratios: list[float], samples_per_sink_row: float) -> list[float]:
+    """Samples delivered per output row of each operator: the product of the
+    element ratios of the operators after it, times samples per sink row."""
+    out = [0.0] * len(ratios)
+    acc = samples_per_sink_row
+    for i in range(len(ratios) - 1, -1, -1):
+        out[i] = acc
+        acc *= ratios[i]
+    return out
+
+
+def samples_per_sink_row(last_ratio: float) -> float:
+    """A sink row of an operator that packs rows (ratio < 1) carries 1/ratio samples."""
+    if last_ratio <= 0 or not math.isfinite(last_ratio):
+        return 1.0
+    return 1.0 / last_ratio if last_ratio < 1.0 else 1.0
+
+
+def observe(
+    prev: RawSnapshot,
+    cur: RawSnapshot,
+    alloc: dict[str, int],
+    cpus: dict[str, float],
+    budget: float,
+    *,
+    since_change_s: float = 0.0,
+    min_slot_seconds: float = 0.1,
+) -> Observation:
+    """Rates over the window ``prev -> cur`` for the operators in ``alloc`` (pipeline order)."""
+    dt = max(cur.t - prev.t, 1e-6)
+    names = list(alloc)
+    ops: list[OpObs] = []
+    for name in names:
+        a = prev.ops.get(name, RawOp())
+        b = cur.ops.get(name, RawOp())
+        d_out = max(b.rows_out - a.rows_out, 0.0)
+        d_slot = max(b.slot_seconds - a.slot_seconds, 0.0)
+        running = d_slot / dt
+        ratio = b.rows_out / b.rows_in if b.rows_in > 0 and b.rows_out > 0 else 1.0
+        ops.append(
+            OpObs(
+                name=name,
+                slots=int(alloc[name]),
+                cpus_per_slot=float(cpus[name]),
+                out_rate=d_out / dt,
+                rate_per_slot=(d_out / d_slot) if d_slot >= min_slot_seconds and d_out > 0 else None,
+                element_ratio=ratio,
+                running=running,
+                util=running / max(alloc[name], 1),
+                backpressure=min(max((b.bp_seconds - a.bp_seconds) / dt, 0.0), 1.0),
+                queue_blocks=b.queue_blocks,
+                queue_bytes=b.queue_bytes,
+                pool_util=b.pool_util,
+                completed=b.completed,
+            )
+        )
+    spr = samples_per_sink_row(ops[-1].element_ratio) if ops else 1.0
+    factors = sink_factors([o.element_ratio for o in ops], spr)
+    for o, f in zip(ops, factors):
+        if o.rate_per_slot is not None:
+            o.capacity = o.slots * o.rate_per_slot * f
+    spilled = sum(max(cur.ops.get(n, RawOp()).spilled_bytes - prev.ops.get(n, RawOp()).spilled_bytes, 0.0)
+                  for n in names)
+    return Observation(
+        t=cur.t,
+        window_s=dt,
+        ops=ops,
+        throughput=max(cur.sink_rows - prev.sink_rows, 0.0) / dt * spr,
+        mem_used=cur.mem_used,
+        mem_limit=cur.mem_limit,
+        spill_rate=spilled / dt,
+        budget=budget,
+        data_wait=cur.data_wait,
+        since_change_s=since_change_s,
+        extra={"samples_per_sink_row": spr, "sink_factors": factors},
+    )
+
+
+def with_capacities(obs: Observation, rates: dict[str, float]) -> Observation:
+    """A copy of ``obs`` whose per-slot rates (and capacities) come from ``rates``."""
+    ops = [replace(o) for o in obs.ops]
+    factors = obs.extra.get("sink_factors") or [1.0] * len(ops)
+    for o, f in zip(ops, factors):
+        if o.name in rates:
+            o.rate_per_slot = rates[o.name]
+            o.capacity = o.slots * rates[o.name] * f
+    return replace(obs, ops=ops)
+
+
+class WindowedObserver:
+    """Keeps recent snapshots and measures over a sliding window that never
+    reaches back past the last allocation change (plus a settle time), so a
+    measurement describes the allocation in force. Used live and in simulation."""
+
+    def __init__(self, window_s: float = 3.0, settle_s: float = 1.0, keep_s: float = 30.0):
+        self.window_s = window_s
+        self.settle_s = settle_s
+        self.keep_s = keep_s
+        self.snaps: list[RawSnapshot] = []
+        self.last_change_t: float | None = None
+
+    def push(self, snap: RawSnapshot) -> None:
+        self.snaps.append(snap)
+        cutoff = snap.t - self.keep_s
+        while len(self.snaps) > 2 and self.snaps[0].t < cutoff:
+            self.snaps.pop(0)
+
+    def note_change(self, t: float) -> None:
+        self.last_change_t = t
+
+    def clear(self) -> None:
+        self.snaps.clear()
+
+    def since_change(self) -> float:
+        if not self.snaps:
+            return 0.0
+        if self.last_change_t is None:
+            return self.snaps[-1].t - self.snaps[0].t
+        return self.snaps[-1].t - self.last_change_t
+
+    def base(self, window_s: float | None = None) -> RawSnapshot | None:
+        if len(self.snaps) < 2:
+            return None
+        cur = self.snaps[-1]
+        start = cur.t - (window_s if window_s is not None else self.window_s)
+        if self.last_change_t is not None:
+            start = max(start, self.last_change_t + self.settle_s)
+        cands = [s for s in self.snaps[:-1] if s.t >= start - 1e-9]
+        # Always measure over at least one interval, even right after a change.
+        return cands[0] if cands else self.snaps[-2]
+
+    def observation(self, alloc: dict[str, int], cpus: dict[str, float], budget: float,
+                    window_s: float | None = None) -> Observation | None:
+        prev = self.base(window_s)
+        if prev is None:
+            return None
+        return observe(prev, self.snaps[-1], alloc, cpus, budget, since_change_s=self.since_change())

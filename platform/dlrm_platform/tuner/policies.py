@@ -1,0 +1,334 @@
+"""Tuning policies. Each sees an ``Observation`` and proposes an allocation.
+
+* ``static``      - the config's numbers, held (the tuner still masks and guards memory).
+* ``ray_default`` - nothing: Ray Data's own autoscaling and reservation, untouched; observe only.
+* ``plumber``     - operational analysis: per-slot rates from measured busy time and element
+                    ratios, the LP that maximises the slowest operator (``plumber.solve_lp``);
+                    re-planned from fresh measurements every ``plumber_replan_s``.
+* ``hill_climb``  - tf.data AUTOTUNE-style: start at one slot each, measure, add one slot
+                    where it helps most (the model's best candidates, each measured live),
+                    until nothing helps or the budget is spent.
+* ``oracle``      - exhaustive search over whole allocations within the budget, each measured
+                    live; when there are too many, the model's best ``oracle_max_measured``
+                    (or the benchmark's ground-truth shortlist) are measured. Benchmarking only.
+* ``rl``          - the pretrained PPO policy (``rl.RLPolicyRunner``) acting on normalised
+                    features, one move per interval.
+
+A policy returns ``None`` to hold. The controller projects whatever it returns
+onto the feasible set (budget, minimums), so no policy can oversubscribe CPUs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Sequence
+
+from dlrm_platform.tuner.actions import can_grow, used_cpus
+from dlrm_platform.tuner.observe import Observation
+from dlrm_platform.tuner.plumber import per_slot_samples, solve_lp
+from dlrm_platform.tuner.spec import Allocation, OpSpec, TunerSpec
+
+log = logging.getLogger(__name__)
+
+
+class Policy:
+    name = "base"
+
+    def __init__(self, spec: TunerSpec):
+        self.spec = spec
+        self.opts = spec.options
+
+    def on_epoch_start(self, epoch: int) -> None:
+        pass
+
+    def decide(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float) -> Allocation | None:
+        return None
+
+    def describe(self) -> str:
+        return self.name
+
+
+class StaticPolicy(Policy):
+    name = "static"
+
+
+class RayDefaultPolicy(Policy):
+    name = "ray_default"
+
+
+class _RateMemory:
+    """Per-operator samples/s per slot, smoothed across measurements."""
+
+    def __init__(self, alpha: float = 0.5):
+        self.alpha = alpha
+        self.rates: dict[str, float] = {}
+
+    def update(self, obs: Observation, min_since_change: float) -> None:
+        if obs.since_change_s < min_since_change:
+            return
+        factors = obs.extra.get("sink_factors") or [1.0] * len(obs.ops)
+        for o, f in zip(obs.ops, factors):
+            if o.rate_per_slot is None or o.completed:
+                continue
+            v = o.rate_per_slot * f
+            old = self.rates.get(o.name)
+            self.rates[o.name] = v if old is None else (1 - self.alpha) * old + self.alpha * v
+
+    def complete(self, names: Sequence[str]) -> bool:
+        return all(n in self.rates for n in names)
+
+
+class PlumberPolicy(Policy):
+    name = "plumber"
+
+    def __init__(self, spec: TunerSpec):
+        super().__init__(spec)
+        self.warmup_s = float(self.opts.get("plumber_warmup_s", 4.0))
+        self.replan_s = float(self.opts.get("plumber_replan_s", 10.0))
+        self.min_gain = float(self.opts.get("plumber_min_gain", 0.03))
+        self.mem = _RateMemory()
+        self.plans = 0
+        self.last_prediction: float | None = None
+
+    def decide(self, obs, alloc, specs, budget):
+        self.mem.update(obs, min_since_change=float(self.opts.get("settle_s", 1.0)) + 1.0)
+        wait = self.warmup_s if self.plans == 0 else self.replan_s
+        if obs.since_change_s < wait:
+            return None
+        names = [s.name for s in specs]
+        if not self.mem.complete(names) and obs.since_change_s < 3 * wait:
+            return None
+        per_slot = per_slot_samples(obs, self.mem.rates)
+        per_slot.update({n: v for n, v in self.mem.rates.items() if n in per_slot})
+        sol = solve_lp(specs, per_slot, budget)
+        current = min(alloc[s.name] * per_slot[s.name] for s in specs)
+        self.last_prediction = sol.predicted_integer_throughput
+        if sol.allocation != alloc and sol.predicted_integer_throughput >= current * (1 + self.min_gain):
+            self.plans += 1
+            return sol.allocation
+        if self.plans == 0:
+            self.plans = 1  # the first plan kept the allocation; from now on, re-plan periodically
+        return None
+
+    def describe(self) -> str:
+        p = f", predicts {self.last_prediction:,.0f}/s" if self.last_prediction else ""
+        return f"plumber: {self.plans} plan(s){p}"
+
+
+class HillClimbPolicy(Policy):
+    name = "hill_climb"
+
+    def __init__(self, spec: TunerSpec):
+        super().__init__(spec)
+        self.measure_s = float(self.opts.get("hill_measure_s", 5.0))
+        self.eps = float(self.opts.get("hill_min_gain", 0.01))
+        self.trials_per_step = int(self.opts.get("hill_trials", 2))
+        self.reprobe_s = float(self.opts.get("hill_reprobe_s", 30.0))
+        self.phase = "start"
+        self.base: Allocation | None = None
+        self.base_thr = 0.0
+        self.queue: list[str] = []
+        self.results: list[tuple[float, Allocation]] = []
+        self.mem = _RateMemory()
+        self.steps = 0
+
+    def _candidates(self, alloc, specs, budget, obs) -> list[str]:
+        free_only = [s.name for s in specs
+                     if used_cpus(alloc, specs) + s.num_cpus <= budget + 1e-9 and can_grow(s.name, alloc, specs, budget)]
+        rates = self.mem.rates
+        caps = {n: alloc[n] * rates[n] if n in rates else None for n in free_only}
+        # The model ranks; measurement decides. Unmeasured operators first (they may be the bottleneck).
+        ranked = sorted(free_only, key=lambda n: (caps[n] is not None, caps[n] or 0.0))
+        return ranked[: self.trials_per_step]
+
+    def decide(self, obs, alloc, specs, budget):
+        self.mem.update(obs, 1.0)
+        if self.phase == "start":
+            self.phase = "base"
+            start = self.opts.get("hill_start", "min")
+            if start == "min":
+                return {s.name: s.min_slots for s in specs}
+            return None
+        if obs.since_change_s < self.measure_s:
+            return None
+        if self.phase == "base":
+            self.base, self.base_thr = dict(alloc), obs.throughput
+            self.queue = self._candidates(alloc, specs, budget, obs)
+            self.results = []
+            if not self.queue:
+                self.phase = "done"
+                return None
+            self.phase = "trial"
+            nxt = dict(self.base)
+            nxt[self.queue[0]] += 1
+            return nxt
+        if self.phase == "trial":
+            self.results.append((obs.throughput, dict(alloc)))
+            self.queue.pop(0)
+            if self.queue:
+                nxt = dict(self.base)
+                nxt[self.queue[0]] += 1
+                return nxt
+            best_thr, best = max(self.results, key=lambda r: r[0])
+            if best_thr > self.base_thr * (1 + self.eps):
+                self.steps += 1
+                self.base, self.base_thr = best, best_thr
+                self.phase = "base"
+                if best != alloc:
+                    return best
+                # already there: measure the next round from here
+                self.queue = self._candidates(alloc, specs, budget, obs)
+                self.results = []
+                if not self.queue:
+                    self.phase = "done"
+                    return None
+                self.phase = "trial"
+                nxt = dict(self.base)
+                nxt[self.queue[0]] += 1
+                return nxt
+            self.phase = "done"
+            return self.base if self.base != alloc else None
+        if self.phase == "done" and obs.since_change_s >= self.reprobe_s:
+            self.phase = "base"
+        return None
+
+    def describe(self) -> str:
+        return f"hill_climb: {self.phase}, {self.steps} step(s) taken"
+
+
+def enumerate_allocations(specs: Sequence[OpSpec], budget: float, limit: int = 200_000) -> list[Allocation] | None:
+    """Every maximal whole-slot allocation within ``budget`` (no slot can be added);
+    ``None`` when there are more than ``limit``."""
+    names = [s.name for s in specs]
+    out: list[Allocation] = []
+    min_cpu = min(s.num_cpus for s in specs)
+
+    def rec(i: int, left: float, cur: list[int]) -> bool:
+        if len(out) > limit:
+            return False
+        if i == len(specs) - 1:
+            s = specs[i]
+            n = min(int(math.floor(left / s.num_cpus + 1e-9)), s.upper(budget))
+            if n < s.min_slots:
+                return True
+            full = cur + [n]
+            rest = left - n * s.num_cpus
+            if rest + 1e-9 < min_cpu or all(full[j] >= specs[j].upper(budget) or specs[j].num_cpus > rest + 1e-9
+                                              for j in range(len(specs))):
+                out.append(dict(zip(names, full)))
+            return True
+        s = specs[i]
+        tail_min = sum(t.min_slots * t.num_cpus for t in specs[i + 1:])
+        hi = min(s.upper(budget), int(math.floor((left - tail_min) / s.num_cpus + 1e-9)))
+        for n in range(s.min_slots, hi + 1):
+            if not rec(i + 1, left - n * s.num_cpus, cur + [n]):
+                return False
+        return True
+
+    ok = rec(0, budget, [])
+    return out if ok and len(out) <= limit else None
+
+
+class OraclePolicy(Policy):
+    name = "oracle"
+
+    def __init__(self, spec: TunerSpec):
+        super().__init__(spec)
+        self.measure_s = float(self.opts.get("oracle_measure_s", 4.0))
+        self.max_measured = int(self.opts.get("oracle_max_measured", 12))
+        given = self.opts.get("oracle_candidates")
+        self.candidates: list[Allocation] | None = [dict(c) for c in given] if given else None
+        self.source = "benchmark shortlist" if given else None
+        self.results: list[tuple[float, Allocation]] = []
+        self.idx = -1
+        self.best: Allocation | None = None
+        self.mem = _RateMemory()
+
+    def _plan(self, obs, alloc, specs, budget) -> bool:
+        every = enumerate_allocations(specs, budget, limit=50_000)
+        if every is not None and len(every) <= self.max_measured:
+            self.candidates, self.source = every, f"all {len(every)} allocations"
+            return True
+        # too many to measure: wait for a model, then measure its best
+        if not self.mem.complete([s.name for s in specs]) and obs.since_change_s < 12:
+            return False
+        per_slot = per_slot_samples(obs, self.mem.rates)
+        per_slot.update(self.mem.rates)
+        if every is None:  # neighbourhood of the LP optimum
+            center = solve_lp(specs, per_slot, budget).allocation
+            ranges = [range(max(s.min_slots, center[s.name] - 2), min(s.upper(budget), center[s.name] + 2) + 1)
+                      for s in specs]
+            every = [dict(zip([s.name for s in specs], v)) for v in itertools.product(*ranges)
+                     if used_cpus(dict(zip([s.name for s in specs], v)), specs) <= budget + 1e-9]
+            total = "the LP optimum's +-2 neighbourhood"
+        else:
+            total = f"{len(every)} allocations"
+        scored = sorted(every, key=lambda a: -min(a[s.name] * per_slot[s.name] for s in specs))
+        self.candidates = scored[: self.max_measured]
+        self.source = f"best {len(self.candidates)} of {total} by measured model"
+        return True
+
+    def decide(self, obs, alloc, specs, budget):
+        self.mem.update(obs, 1.0)
+        if self.best is not None:
+            return None
+        if self.candidates is None:
+            if not self._plan(obs, alloc, specs, budget):
+                return None
+            self.idx = 0
+            return self.candidates[0]
+        if self.idx < 0:
+            self.idx = 0
+            return self.candidates[0]
+        if obs.since_change_s < self.measure_s:
+            return None
+        self.results.append((obs.throughput, dict(alloc)))
+        self.idx += 1
+        if self.idx < len(self.candidates):
+            return self.candidates[self.idx]
+        _, self.best = max(self.results, key=lambda r: r[0])
+        return self.best
+
+    def describe(self) -> str:
+        n = len(self.candidates) if self.candidates else 0
+        state = "done" if self.best is not None else f"measuring {max(self.idx, 0) + 1}/{n}"
+        return f"oracle: {state} ({self.source})"
+
+
+class RLPolicy(Policy):
+    name = "rl"
+
+    def __init__(self, spec: TunerSpec):
+        super().__init__(spec)
+        from dlrm_platform.tuner.features import FeatureState
+        from dlrm_platform.tuner.rl import RLPolicyRunner
+
+        self.runner = RLPolicyRunner.load(spec.policy_path)
+        self.fs = FeatureState(spec.names)
+        self.last_action = "hold"
+
+    def on_epoch_start(self, epoch: int) -> None:
+        self.fs.prev = None
+
+    def decide(self, obs, alloc, specs, budget):
+        new, self.last_action = self.runner.act(obs, alloc, specs, budget, self.fs)
+        return new
+
+    def describe(self) -> str:
+        return f"rl: {self.last_action}"
+
+
+POLICY_CLASSES = {
+    "static": StaticPolicy,
+    "ray_default": RayDefaultPolicy,
+    "plumber": PlumberPolicy,
+    "hill_climb": HillClimbPolicy,
+    "oracle": OraclePolicy,
+    "rl": RLPolicy,
+}
+
+
+def make_policy(spec: TunerSpec) -> Policy:
+    return POLICY_CLASSES[spec.policy](spec)

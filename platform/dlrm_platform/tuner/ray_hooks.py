@@ -1,0 +1,491 @@
+"""The only module of the platform that touches Ray Data internals.
+
+Ray 2.60 has no public API for changing an operator's concurrency while a
+dataset streams, so the tuner uses these private hooks (DESIGN.md lists them):
+
+* ``ExecutionCallback`` (registered through the public
+  ``DataContext.custom_execution_callback_classes``): ``before_execution_starts``
+  binds the controller to a new execution (every epoch under
+  ``streaming_split`` is one), ``on_execution_step`` samples counters every
+  scheduling step and, once per ``interval_s``, observes and acts;
+* a ``BackpressurePolicy`` (``DataContext`` config key
+  ``backpressure_policies.enabled``): caps the running tasks of task-pool
+  operators at the tuner's allocation and stops the operators holding the most
+  object-store memory while the pipeline is at its memory limit;
+* ``AutoscalingActorPool.scale(ActorPoolScalingRequest(...))`` for actor pools,
+  with Ray's own actor autoscaler replaced by a no-op while the tuner controls
+  (otherwise it scales the pools back);
+* per-operator ``OpRuntimeMetrics``, the executor's topology (input queues) and
+  resource manager (object-store usage, CPU limits).
+
+While a tuning policy controls, Ray's per-operator reservation
+(``op_resource_reservation_enabled``) is switched off: its budgets override a
+raised allocation (DESIGN.md). The tuner's masks then keep the allocation
+inside the CPU budget and its memory guard keeps object-store use under the
+limit. ``ray_default`` leaves all of Ray's mechanisms alone and only observes.
+
+:data:`REQUIRED_HOOKS` names every private module, class, method and attribute
+used here; :func:`verify_hooks` checks them all and raises
+:class:`RayHooksError` naming each one that moved, so a Ray upgrade fails
+loudly at ``attach`` (and in ``tests/tuner/test_ray_hooks.py``) instead of
+silently not tuning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import logging
+import math
+import re
+import threading
+import time
+from typing import Any
+
+from dlrm_platform.tuner.controller import Controller
+from dlrm_platform.tuner.observe import RawOp, RawSnapshot
+from dlrm_platform.tuner.spec import TunerSpec
+
+log = logging.getLogger(__name__)
+
+SPEC_KEY = "dlrm_platform.tuner.spec"
+
+# (module, attribute, [members that must exist on it]); members starting with
+# "self." are instance attributes checked in the class's source.
+REQUIRED_HOOKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("ray.data._internal.execution.execution_callback", "ExecutionCallback",
+     ("before_execution_starts", "on_execution_step", "after_execution_succeeds", "after_execution_fails")),
+    ("ray.data._internal.execution.backpressure_policy", "BackpressurePolicy", ("can_add_input",)),
+    ("ray.data._internal.execution.backpressure_policy", "ENABLED_BACKPRESSURE_POLICIES", ()),
+    ("ray.data._internal.execution.backpressure_policy", "ENABLED_BACKPRESSURE_POLICIES_CONFIG_KEY", ()),
+    ("ray.data._internal.actor_autoscaler", "ActorPoolScalingRequest", ("delta", "force", "reason")),
+    ("ray.data._internal.actor_autoscaler", "AutoscalingActorPool",
+     ("scale", "current_size", "num_running_actors", "num_pending_actors", "get_pool_util")),
+    ("ray.data._internal.execution.operators.task_pool_map_operator", "TaskPoolMapOperator",
+     ("get_max_concurrency_limit", "num_active_tasks")),
+    ("ray.data._internal.execution.operators.actor_pool_map_operator", "ActorPoolMapOperator",
+     ("get_autoscaling_actor_pools",)),
+    ("ray.data._internal.execution.interfaces.physical_operator", "PhysicalOperator",
+     ("name", "metrics", "num_active_tasks", "has_completed", "get_autoscaling_actor_pools")),
+    ("ray.data._internal.execution.interfaces.op_runtime_metrics", "OpRuntimeMetrics",
+     ("num_row_inputs_received", "rows_task_outputs_generated", "row_outputs_taken", "num_tasks_running",
+      "task_submission_backpressure_time", "obj_store_mem_internal_inqueue", "obj_store_mem_spilled")),
+    ("ray.data._internal.execution.streaming_executor_state", "OpState", ("total_enqueued_input_blocks",)),
+    ("ray.data._internal.execution.resource_manager", "ResourceManager",
+     ("get_global_usage", "get_global_limits", "get_mem_op_outputs")),
+    ("ray.data._internal.execution.streaming_executor", "StreamingExecutor",
+     ("self._topology", "self._resource_manager", "self._backpressure_policies", "self._actor_autoscaler",
+      "self._data_context", "self._callbacks")),
+    ("ray.data.context", "DataContext",
+     ("custom_execution_callback_classes", "op_resource_reservation_enabled", "set_config", "get_config")),
+)
+
+
+class RayHooksError(RuntimeError):
+    """A Ray Data internal the tuner relies on is missing (a Ray upgrade moved it)."""
+
+
+def check_hooks() -> list[str]:
+    """Names of the required hooks that are missing; empty when all are present."""
+    missing: list[str] = []
+    for module_name, attr, members in REQUIRED_HOOKS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            missing.append(f"{module_name} (module: {err})")
+            continue
+        obj = getattr(module, attr, None)
+        if obj is None:
+            missing.append(f"{module_name}.{attr}")
+            continue
+        source = None
+        fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+        for m in members:
+            if m.startswith("self."):
+                if source is None:
+                    try:
+                        source = inspect.getsource(obj)
+                    except (OSError, TypeError):
+                        source = ""
+                if not re.search(re.escape(m) + r"\b", source):
+                    missing.append(f"{module_name}.{attr}: instance attribute {m}")
+            elif not (hasattr(obj, m) or m in fields or m in getattr(obj, "__annotations__", {})):
+                missing.append(f"{module_name}.{attr}.{m}")
+    return missing
+
+
+def verify_hooks() -> None:
+    missing = check_hooks()
+    if missing:
+        raise RayHooksError(
+            "the pipeline tuner needs Ray Data internals that this Ray version lacks: "
+            + "; ".join(missing)
+            + ". Update dlrm_platform/tuner/ray_hooks.py for this Ray version (it was written for 2.60)."
+        )
+
+
+def _imp(module_name: str, attr: str) -> Any:
+    return getattr(importlib.import_module(module_name), attr)
+
+
+ExecutionCallback = _imp("ray.data._internal.execution.execution_callback", "ExecutionCallback")
+BackpressurePolicy = _imp("ray.data._internal.execution.backpressure_policy", "BackpressurePolicy")
+
+
+# --------------------------------------------------------------------------- operator matching
+
+
+def _tokens(op_name: str) -> list[str]:
+    """Logical names inside a physical operator name, e.g.
+    'MapBatches(parse)->MapBatches(dense_transform)' -> ['parse', 'dense_transform']."""
+    toks = re.findall(r"\(([^()]+)\)", op_name)
+    return toks or [op_name]
+
+
+def match_operators(physical_names: list[str], wanted: list[str]) -> dict[str, int]:
+    """Map each wanted operator name to the index of the physical operator that runs it.
+
+    A name matches ``MapBatches(name)`` (also inside a fused chain), or, for
+    ``read``, a ``Read*`` operator. Names not found are left out.
+    """
+    out: dict[str, int] = {}
+    for name in wanted:
+        for i, pn in enumerate(physical_names):  # exact names first: MapBatches(read) beats ReadRange
+            parts = [p.strip() for p in pn.split("->")]
+            if name in _tokens(pn) or any(p == name for p in parts):
+                out[name] = i
+                break
+        if name == "read" and name not in out:
+            for i, pn in enumerate(physical_names):
+                if any(p.strip().startswith("Read") for p in pn.split("->")):
+                    out[name] = i
+                    break
+    return out
+
+
+# --------------------------------------------------------------------------- backpressure policy
+
+
+class TunerBackpressurePolicy(BackpressurePolicy):
+    """Caps task-pool operators at the tuner's allocation; guards object-store memory."""
+
+    @property
+    def name(self) -> str:
+        return "DlrmTuner"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.caps: dict[Any, int] = {}
+        self.mem_limit = math.inf
+        self.enabled = False
+        self.mem_blocks = 0
+
+    def can_add_input(self, op) -> bool:
+        if not self.enabled:
+            return True
+        cap = self.caps.get(op)
+        if cap is not None and op.num_active_tasks() >= cap:
+            return False
+        if math.isfinite(self.mem_limit):
+            rm = self._resource_manager
+            used = rm.get_global_usage().object_store_memory
+            if used >= self.mem_limit:
+                held = rm.get_mem_op_outputs(op)
+                if held >= used / max(len(self._topology), 1):
+                    self.mem_blocks += 1
+                    return False
+        return True
+
+
+class _NoActorAutoscaling:
+    """Stands in for Ray's actor autoscaler while the tuner sizes the pools."""
+
+    def try_trigger_scaling(self) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------- controllers per process
+
+_LOCK = threading.Lock()
+_CONTROLLERS: dict[str, Controller] = {}
+
+
+def controller_for(spec: TunerSpec) -> Controller:
+    """The process-wide controller of ``spec.tuner_id`` (kept across epochs)."""
+    with _LOCK:
+        ctl = _CONTROLLERS.get(spec.tuner_id)
+        if ctl is None:
+            ctl = Controller(spec)
+            _CONTROLLERS[spec.tuner_id] = ctl
+        return ctl
+
+
+def local_controller(tuner_id: str) -> Controller | None:
+    return _CONTROLLERS.get(tuner_id)
+
+
+# --------------------------------------------------------------------------- the callback
+
+
+class _Binding:
+    """One execution's view: physical operators of the tuned names and their counters."""
+
+    def __init__(self, executor, spec: TunerSpec):
+        self.executor = executor
+        topo = executor._topology
+        self.ops_all = list(topo.keys())
+        idx = match_operators([op.name for op in self.ops_all], spec.names)
+        self.by_name = {n: self.ops_all[i] for n, i in idx.items()}
+        seen: dict[int, str] = {}
+        self.fused: dict[str, str] = {}
+        for n in spec.names:
+            if n in self.by_name:
+                key = id(self.by_name[n])
+                if key in seen:
+                    self.fused[n] = seen[key]
+                else:
+                    seen[key] = n
+        self.missing = [n for n in spec.names if n not in self.by_name]
+        self.sink = self.ops_all[-1]
+        self.policy = next((p for p in executor._backpressure_policies if isinstance(p, TunerBackpressurePolicy)),
+                           None)
+        self.slot_seconds = {n: 0.0 for n in spec.names}
+        self.last_sample = time.monotonic()
+
+    def controlled(self) -> dict[str, Any]:
+        return {n: op for n, op in self.by_name.items() if n not in self.fused}
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        dt = now - self.last_sample
+        self.last_sample = now
+        for n, op in self.controlled().items():
+            try:
+                self.slot_seconds[n] += op.num_active_tasks() * dt
+            except Exception:  # noqa: BLE001 - a finished operator may refuse
+                pass
+
+    def snapshot(self, mem_limit: float, data_wait: float | None) -> RawSnapshot:
+        topo = self.executor._topology
+        ops: dict[str, RawOp] = {}
+        for n, op in self.controlled().items():
+            m = op.metrics
+            pools = op.get_autoscaling_actor_pools()
+            state = topo.get(op)
+            ops[n] = RawOp(
+                rows_in=float(m.num_row_inputs_received or 0),
+                rows_out=float(m.rows_task_outputs_generated or 0),
+                slot_seconds=self.slot_seconds[n],
+                bp_seconds=float(m.task_submission_backpressure_time or 0.0),
+                spilled_bytes=float(m.obj_store_mem_spilled or 0),
+                running=float(op.num_active_tasks()),
+                queue_blocks=float(state.total_enqueued_input_blocks()) if state is not None else 0.0,
+                queue_bytes=float(m.obj_store_mem_internal_inqueue or 0),
+                pool_util=(float(pools[0].get_pool_util()) if pools else None),
+                pool_size=(int(pools[0].current_size()) if pools else None),
+                completed=bool(op.has_completed()),
+            )
+        rm = self.executor._resource_manager
+        return RawSnapshot(
+            t=time.monotonic(),
+            ops=ops,
+            sink_rows=float(self.sink.metrics.row_outputs_taken or 0),
+            mem_used=float(rm.get_global_usage().object_store_memory or 0),
+            mem_limit=mem_limit,
+            data_wait=data_wait,
+        )
+
+    def cpu_limit(self) -> float:
+        try:
+            return float(self.executor._resource_manager.get_global_limits().cpu)
+        except Exception:  # noqa: BLE001
+            return math.inf
+
+    def apply(self, alloc: dict[str, int]) -> dict[str, Any]:
+        """Make the running pipeline follow ``alloc``; returns what was done per operator."""
+        ScalingRequest = _imp("ray.data._internal.actor_autoscaler", "ActorPoolScalingRequest")
+        done: dict[str, Any] = {}
+        for n, op in self.controlled().items():
+            target = int(alloc[n])
+            pools = op.get_autoscaling_actor_pools()
+            if pools:
+                pool = pools[0]
+                if op.has_completed():
+                    continue
+                delta = target - pool.current_size()
+                if delta != 0:
+                    got = pool.scale(ScalingRequest(delta=delta, force=True, reason="dlrm tuner"))
+                    done[n] = {"actors": pool.current_size(), "requested_delta": delta, "applied": got}
+            elif self.policy is not None:
+                self.policy.caps[op] = target
+                done[n] = {"cap": target}
+        return done
+
+
+class TunerCallback(ExecutionCallback):
+    """Runs the tuner inside whichever process executes the dataset."""
+
+    MAX_ERRORS = 5
+
+    def __init__(self):
+        self._b: _Binding | None = None
+        self._ctl: Controller | None = None
+        self._spec: TunerSpec | None = None
+        self._last_tick = 0.0
+        self._errors = 0
+        self._recorder = None
+        self._wait_ref = None
+        self._data_wait: float | None = None
+
+    # -- lifecycle
+    def before_execution_starts(self, executor) -> None:
+        try:
+            raw = executor._data_context.get_config(SPEC_KEY)
+            if raw is None:
+                return
+            spec = TunerSpec.from_dict(raw)
+            binding = _Binding(executor, spec)
+            if not binding.by_name:
+                log.info("tuner %s: no tuned operator in this execution (%s); not tuning it",
+                         spec.tuner_id, [op.name for op in binding.ops_all])
+                return
+            ctl = controller_for(spec)
+            if not ctl.bind(id(executor)):
+                log.info("tuner %s already drives another live execution; observing none here", spec.tuner_id)
+                return
+            self._spec, self._ctl, self._b = spec, ctl, binding
+            if binding.missing or binding.fused:
+                log.warning("tuner %s: operators not found %s, fused into another %s; those are not tuned"
+                            " separately", spec.tuner_id, binding.missing, binding.fused)
+            if spec.controls:
+                executor._actor_autoscaler = _NoActorAutoscaling()
+                if binding.policy is not None:
+                    binding.policy.enabled = True
+                    binding.policy.mem_limit = spec.object_store_limit_bytes or math.inf
+                else:
+                    log.warning("tuner %s: its backpressure policy is not installed; task pools keep Ray's caps",
+                                spec.tuner_id)
+            ctl.start_epoch(tuned=list(binding.controlled()), fused=binding.fused, missing=binding.missing)
+            if spec.controls:
+                binding.apply(ctl.allocation)
+            self._connect_recorder()
+            self._emit(ctl.pop_records())
+        except Exception as err:  # noqa: BLE001 - never break the pipeline
+            log.exception("tuner failed to start; the pipeline runs untuned: %s", err)
+            self._ctl = None
+
+    def on_execution_step(self, executor) -> None:
+        if self._ctl is None or self._b is None:
+            return
+        try:
+            self._b.sample()
+            now = time.monotonic()
+            if now - self._last_tick < self._spec.interval_s:
+                return
+            self._last_tick = now
+            self._poll_data_wait()
+            snap = self._b.snapshot(self._spec.object_store_limit_bytes or math.inf, self._data_wait)
+            budget = min(self._spec.cpu_budget, self._b.cpu_limit())
+            new = self._ctl.tick(snap, budget)
+            if new is not None and self._spec.controls:
+                applied = self._b.apply(new)
+                self._ctl.note_applied(applied)
+            if self._b.policy is not None:
+                self._ctl.note_memory_blocks(self._b.policy.mem_blocks)
+            self._emit(self._ctl.pop_records())
+        except Exception as err:  # noqa: BLE001
+            self._errors += 1
+            log.warning("tuner step failed (%d/%d): %s", self._errors, self.MAX_ERRORS, err, exc_info=True)
+            if self._errors >= self.MAX_ERRORS:
+                log.error("tuner disabled for this execution after %d errors; allocation held", self._errors)
+                self._ctl = None
+
+    def after_execution_succeeds(self, executor) -> None:
+        self._finish("succeeded")
+
+    def after_execution_fails(self, executor, error) -> None:
+        self._finish(f"failed: {type(error).__name__}")
+
+    def _finish(self, how: str) -> None:
+        if self._ctl is None:
+            return
+        try:
+            self._ctl.end_epoch(how)
+            self._emit(self._ctl.pop_records())
+        finally:
+            self._ctl.unbind()
+            self._ctl = None
+            self._b = None
+
+    # -- telemetry
+    def _connect_recorder(self) -> None:
+        if self._spec.recorder_name is None:
+            return
+        try:
+            import ray
+
+            self._recorder = ray.get_actor(self._spec.recorder_name, namespace=self._spec.recorder_namespace)
+        except Exception as err:  # noqa: BLE001
+            log.info("tuner recorder %s not reachable: %s", self._spec.recorder_name, err)
+            self._recorder = None
+
+    def _emit(self, records: list[dict]) -> None:
+        if records and self._recorder is not None:
+            try:
+                self._recorder.record.remote(records)
+            except Exception as err:  # noqa: BLE001
+                log.debug("tuner recorder unreachable: %s", err)
+
+    def _poll_data_wait(self) -> None:
+        if self._recorder is None:
+            return
+        import ray
+
+        if self._wait_ref is not None:
+            ready, _ = ray.wait([self._wait_ref], timeout=0)
+            if not ready:
+                return
+            try:
+                self._data_wait = ray.get(self._wait_ref)
+            except Exception:  # noqa: BLE001
+                self._data_wait = None
+        self._wait_ref = self._recorder.data_wait.remote()
+
+
+# --------------------------------------------------------------------------- install
+
+
+def install(data_context, spec: TunerSpec) -> None:
+    """Register the tuner on ``data_context`` (before the dataset executes)."""
+    verify_hooks()
+    data_context.set_config(SPEC_KEY, spec.to_dict())
+    if TunerCallback not in data_context.custom_execution_callback_classes:
+        data_context.custom_execution_callback_classes.append(TunerCallback)
+    if spec.controls:
+        data_context.op_resource_reservation_enabled = False
+        key = _imp("ray.data._internal.execution.backpressure_policy", "ENABLED_BACKPRESSURE_POLICIES_CONFIG_KEY")
+        default = _imp("ray.data._internal.execution.backpressure_policy", "ENABLED_BACKPRESSURE_POLICIES")
+        policies = list(data_context.get_config(key, default))
+        if TunerBackpressurePolicy not in policies:
+            policies.append(TunerBackpressurePolicy)
+        data_context.set_config(key, policies)
+
+
+def uninstall(data_context) -> None:
+    """Undo :func:`install` (tests, or a job that turns tuning off)."""
+    data_context.remove_config(SPEC_KEY) if hasattr(data_context, "remove_config") else None
+    if TunerCallback in data_context.custom_execution_callback_classes:
+        data_context.custom_execution_callback_classes.remove(TunerCallback)
+    key = _imp("ray.data._internal.execution.backpressure_policy", "ENABLED_BACKPRESSURE_POLICIES_CONFIG_KEY")
+    policies = data_context.get_config(key, None)
+    if policies and TunerBackpressurePolicy in policies:
+        data_context.set_config(key, [p for p in policies if p is not TunerBackpressurePolicy])
+    data_context.op_resource_reservation_enabled = True
+
+
+def task_pool_strategy(size: int):
+    """A task-pool compute strategy of ``size`` (public API, here for symmetry)."""
+    from ray.data import TaskPoolStrategy
+
+    return TaskPoolStrategy(size=size)

@@ -1,0 +1,219 @@
+"""Telemetry of a tuner: a small Ray actor that collects decisions and throughput,
+and the driver-side :class:`TunerHandle` that reads them back, plots them and
+logs them to MLflow.
+
+The controller runs wherever the dataset executes (the SplitCoordinator actor
+under Ray Train); it sends its records to the recorder actor, fire-and-forget,
+once per interval. Train workers report their data-wait fraction to the same
+actor (:meth:`TunerHandle.reporter`), and the controller reads it back as part
+of its observation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from dlrm_platform.tuner.spec import TunerSpec
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "dlrm_platform_tuner"
+
+
+def recorder_name(tuner_id: str) -> str:
+    return f"dlrm-tuner-{tuner_id}"
+
+
+class _Recorder:
+    def __init__(self, max_records: int = 200_000):
+        self.records: list[dict] = []
+        self.max_records = max_records
+        self.waits: dict[int, tuple[float, float]] = {}
+
+    def record(self, records: list[dict]) -> None:
+        self.records.extend(records)
+        if len(self.records) > self.max_records:
+            del self.records[: len(self.records) - self.max_records]
+
+    def get(self, since: int = 0) -> list[dict]:
+        return self.records[since:]
+
+    def count(self) -> int:
+        return len(self.records)
+
+    def report_data_wait(self, rank: int, fraction: float) -> None:
+        self.waits[int(rank)] = (time.time(), float(fraction))
+
+    def data_wait(self, max_age_s: float = 30.0) -> float | None:
+        now = time.time()
+        fresh = [f for t, f in self.waits.values() if now - t <= max_age_s]
+        return sum(fresh) / len(fresh) if fresh else None
+
+
+def start_recorder(tuner_id: str):
+    import ray
+
+    cls = ray.remote(num_cpus=0, max_concurrency=4)(_Recorder)
+    return cls.options(name=recorder_name(tuner_id), namespace=NAMESPACE, get_if_exists=True).remote()
+
+
+class DataWaitReporter:
+    """Picklable: pass it to Train workers; they call ``report(fraction, rank)``."""
+
+    def __init__(self, tuner_id: str):
+        self.tuner_id = tuner_id
+        self._actor = None
+
+    def report(self, fraction: float, rank: int = 0) -> None:
+        try:
+            if self._actor is None:
+                import ray
+
+                self._actor = ray.get_actor(recorder_name(self.tuner_id), namespace=NAMESPACE)
+            self._actor.report_data_wait.remote(rank, fraction)
+        except Exception as err:  # noqa: BLE001 - telemetry must never break training
+            log.debug("data-wait report failed: %s", err)
+
+    def __getstate__(self):
+        return {"tuner_id": self.tuner_id, "_actor": None}
+
+
+class TunerHandle:
+    """What :func:`dlrm_platform.tuner.attach` returns to the driver."""
+
+    def __init__(self, spec: TunerSpec, recorder=None):
+        self.spec = spec
+        self.tuner_id = spec.tuner_id
+        self.policy = spec.policy
+        self._recorder = recorder
+        self._cache: list[dict] = []
+
+    # -- reading
+    def history(self) -> list[dict]:
+        """Every record so far (ticks, epoch starts/ends, applied changes)."""
+        if self._recorder is not None:
+            import ray
+
+            try:
+                new = ray.get(self._recorder.get.remote(len(self._cache)), timeout=30)
+                self._cache.extend(new)
+            except Exception as err:  # noqa: BLE001
+                log.warning("tuner recorder unreachable: %s", err)
+        else:
+            from dlrm_platform.tuner.ray_hooks import local_controller
+
+            ctl = local_controller(self.tuner_id)
+            if ctl is not None:
+                self._cache.extend(ctl.pop_records())
+        return list(self._cache)
+
+    def ticks(self) -> list[dict]:
+        return [r for r in self.history() if r.get("type") == "tick"]
+
+    def reporter(self) -> DataWaitReporter:
+        return DataWaitReporter(self.tuner_id)
+
+    def summary(self) -> dict[str, Any]:
+        ticks = self.ticks()
+        out: dict[str, Any] = {"tuner_id": self.tuner_id, "policy": self.policy, "ticks": len(ticks)}
+        if not ticks:
+            return out
+        thr = [t["throughput"] for t in ticks]
+        tail = thr[len(thr) // 2:]
+        out.update({
+            "final_allocation": ticks[-1]["allocation"],
+            "mean_samples_per_s": sum(thr) / len(thr),
+            "steady_samples_per_s": sum(tail) / len(tail),
+            "peak_mem_used": max(t["mem_used"] for t in ticks),
+            "decisions": sum(1 for t in ticks if t.get("decision")),
+            "epochs": max(t["epoch"] for t in ticks),
+        })
+        return out
+
+    # -- outputs
+    def plot(self, path: str | Path, title: str | None = None) -> Path:
+        return plot_history(self.ticks(), path, title or f"tuner {self.policy} ({self.tuner_id})")
+
+    def log_to_mlflow(self, client=None, run_id: str | None = None, artifact_dir: str | Path | None = None) -> None:
+        """Metrics ``tuner/samples_per_s``, ``tuner/slots/<op>``, ``tuner/mem_fraction`` per tick
+        (step = tick index), plus ``tuner_allocation.png`` and ``tuner_history.json`` artifacts."""
+        import tempfile
+
+        import mlflow
+        from mlflow.entities import Metric
+
+        client = client or mlflow.tracking.MlflowClient()
+        run_id = run_id or mlflow.active_run().info.run_id
+        ticks = self.ticks()
+        metrics: list[Metric] = []
+        for i, t in enumerate(ticks):
+            ts = int(t["t"] * 1000)
+            metrics.append(Metric("tuner/samples_per_s", float(t["throughput"]), ts, i))
+            metrics.append(Metric("tuner/mem_fraction", float(t["mem_fraction"]), ts, i))
+            for name, n in t["allocation"].items():
+                metrics.append(Metric(f"tuner/slots/{name}", float(n), ts, i))
+            if t.get("data_wait") is not None:
+                metrics.append(Metric("tuner/data_wait", float(t["data_wait"]), ts, i))
+        for start in range(0, len(metrics), 900):
+            client.log_batch(run_id, metrics=metrics[start:start + 900])
+        tmp = Path(artifact_dir) if artifact_dir else Path(tempfile.mkdtemp(prefix="tuner-"))
+        tmp.mkdir(parents=True, exist_ok=True)
+        png = self.plot(tmp / "tuner_allocation.png")
+        js = tmp / "tuner_history.json"
+        js.write_text(json.dumps(self.history(), default=_json_default))
+        client.log_artifact(run_id, str(png))
+        client.log_artifact(run_id, str(js))
+
+    def close(self) -> None:
+        if self._recorder is not None:
+            import ray
+
+            try:
+                ray.kill(self._recorder)
+            except Exception:  # noqa: BLE001
+                pass
+            self._recorder = None
+
+
+def _json_default(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return str(o)
+
+
+def plot_history(ticks: list[dict], path: str | Path, title: str = "tuner") -> Path:
+    """Allocation per operator (top) and samples/s (bottom) against time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    if ticks:
+        t0 = ticks[0]["t"]
+        xs = [t["t"] - t0 for t in ticks]
+        names = list(ticks[0]["allocation"])
+        for n in names:
+            ax1.step(xs, [t["allocation"].get(n, 0) for t in ticks], where="post", label=n)
+        ax2.plot(xs, [t["throughput"] for t in ticks], color="black", lw=1)
+        epochs = [(x, t["epoch"]) for x, t in zip(xs, ticks)]
+        for (x0, e0), (x1, e1) in zip(epochs, epochs[1:]):
+            if e1 != e0:
+                for ax in (ax1, ax2):
+                    ax.axvline(x1, color="grey", ls=":", lw=0.8)
+        ax1.legend(loc="upper left", fontsize=8, ncol=3)
+    ax1.set_ylabel("slots (tasks/actors)")
+    ax2.set_ylabel("samples/s")
+    ax2.set_xlabel("seconds")
+    ax1.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

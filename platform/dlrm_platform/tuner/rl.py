@@ -1,0 +1,90 @@
+"""Acting with the RL policy: a torch ``state_dict`` and a tiny network, no RLlib.
+
+The shipped default lives in ``tuner/pretrained/``: ``policy.pt`` (the
+``PerOpPolicyNet`` weights exported from the trained RLlib RLModule) and
+``policy.json`` (how it was trained). ``dlrm-platform tuner train`` writes a new
+pair; ``tuner.policy_path`` points a job at it (a directory holding the pair,
+or the ``.pt`` file).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from dlrm_platform.tuner.actions import apply_action, describe_action
+from dlrm_platform.tuner.features import FeatureState, featurize
+from dlrm_platform.tuner.observe import Observation
+from dlrm_platform.tuner.spec import Allocation, OpSpec
+
+log = logging.getLogger(__name__)
+
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+WEIGHTS = "policy.pt"
+META = "policy.json"
+
+
+def resolve_policy_path(path: str | Path | None) -> Path:
+    """The ``.pt`` file for ``path`` (a file, a directory holding one, or None = shipped)."""
+    p = PRETRAINED_DIR if path is None else Path(path)
+    if p.is_dir():
+        p = p / WEIGHTS
+    if not p.exists():
+        from dlrm_platform.errors import UserError
+
+        raise UserError(f"no RL tuner policy at {p}; train one with `dlrm-platform tuner train`"
+                        " or leave tuner.policy_path unset for the shipped default")
+    return p
+
+
+class RLPolicyRunner:
+    def __init__(self, net, meta: dict | None = None):
+        self.net = net
+        self.meta = meta or {}
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> RLPolicyRunner:
+        import torch
+
+        from dlrm_platform.tuner.nets import PerOpPolicyNet
+
+        p = resolve_policy_path(path)
+        meta_path = p.with_name(META)
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        net = PerOpPolicyNet(hidden=int(meta.get("hidden", 64)))
+        state = torch.load(p, map_location="cpu", weights_only=True)
+        net.load_state_dict(state)
+        net.eval()
+        return cls(net, meta)
+
+    def logits(self, vec: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            logits, _ = self.net(torch.as_tensor(vec, dtype=torch.float32).unsqueeze(0))
+        return logits[0].numpy()
+
+    def choose(self, vec: np.ndarray, mask: np.ndarray) -> int:
+        lg = self.logits(vec)
+        lg = np.where(mask, lg, -np.inf)
+        return int(np.argmax(lg))
+
+    def act(
+        self,
+        obs: Observation,
+        alloc: Allocation,
+        specs: Sequence[OpSpec],
+        budget: float,
+        fs: FeatureState,
+    ) -> tuple[Allocation | None, str]:
+        vec, mask = featurize(obs, alloc, specs, budget, fs)
+        a = self.choose(vec, mask)
+        caps = {o.name: o.capacity for o in obs.ops}
+        new = apply_action(a, alloc, specs, budget, caps)
+        fs.tick()
+        fs.note_action(alloc, new)
+        return (new if new != alloc else None), describe_action(a, [s.name for s in specs])

@@ -1,0 +1,491 @@
+"""A pipeline simulator: a gymnasium env for pretraining the RL tuner offline.
+
+The model is a chain of operators between bounded-by-memory queues, stepped as
+a fluid with a few sub-steps per second:
+
+* operator i with n_i slots (each ``num_cpus`` CPUs) outputs up to
+  ``n_eff(n_i) * mu_i`` of its own rows per second, where ``mu_i`` is the rate
+  of one slot and ``n_eff`` saturates at ``sat_i`` slots when the operator is
+  limited by something other than its CPUs (a storage service with a fixed
+  number of channels, say): slots past the knee wait, busy but useless;
+* it consumes ``1/ratio_i`` input rows per output row (filters, dedup, packing);
+* new slots start after ``lag_i`` seconds (actor start-up);
+* the trainers take at most ``consumer_rate`` samples/s;
+* object-store memory is the bytes queued between operators; at the limit the
+  tuner's memory guard stops the operators that hold the most.
+
+It emits the same cumulative counters as the live hooks (``RawSnapshot``), so
+the controller's observation, features, masks and action semantics are shared
+code, not re-implementations. Costs come from a profiling pass of a real
+pipeline (:func:`from_profile`) or are drawn at random (:func:`random_pipeline`)
+so that the policy generalises across pipelines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from dlrm_platform.tuner.actions import K_MAX, N_ACTIONS, apply_action, project
+from dlrm_platform.tuner.features import OBS_DIM, FeatureState, featurize
+from dlrm_platform.tuner.observe import RawOp, RawSnapshot, WindowedObserver, sink_factors, samples_per_sink_row
+from dlrm_platform.tuner.spec import Allocation, OpSpec
+
+
+@dataclass
+class SimOp:
+    name: str
+    mu: float                 # own output rows/s of one slot
+    num_cpus: float = 1.0
+    ratio: float = 1.0        # output rows per input row
+    sat: float | None = None  # effective slots saturate here (None: linear)
+    lag: float = 0.0          # seconds before an added slot works
+
+    def n_eff(self, n: float) -> float:
+        if self.sat is None or n <= 0:
+            return max(n, 0.0)
+        # smooth min(n, sat)
+        p = 6.0
+        return n / (1.0 + (n / self.sat) ** p) ** (1.0 / p)
+
+
+@dataclass
+class SimPipeline:
+    ops: list[SimOp]
+    budget: float
+    block_rows: float = 1000.0
+    row_bytes: float = 500.0
+    consumer_rate: float = math.inf     # samples/s the trainers can take
+    mem_limit: float = 2e9              # bytes
+    noise: float = 0.06                 # multiplicative measurement noise (std of log)
+
+    @property
+    def names(self) -> list[str]:
+        return [o.name for o in self.ops]
+
+    def specs(self, initial: Allocation | None = None) -> list[OpSpec]:
+        return [OpSpec(o.name, o.num_cpus, initial=(initial or {}).get(o.name, 1)) for o in self.ops]
+
+    def factors(self) -> list[float]:
+        ratios = [o.ratio for o in self.ops]
+        return sink_factors(ratios, samples_per_sink_row(ratios[-1]))
+
+    def capacities(self, alloc: Allocation) -> dict[str, float]:
+        """Samples/s each operator sustains at ``alloc``."""
+        return {o.name: o.n_eff(alloc[o.name]) * o.mu * f for o, f in zip(self.ops, self.factors())}
+
+    def throughput(self, alloc: Allocation) -> float:
+        return min(min(self.capacities(alloc).values()), self.consumer_rate)
+
+    def optimum(self) -> tuple[Allocation, float]:
+        """Best whole-slot allocation: grow the bottleneck while it helps (exact for
+        concave capacities with one CPU size; near-exact otherwise)."""
+        specs = self.specs()
+        alloc = {s.name: s.min_slots for s in specs}
+        used = sum(alloc[s.name] * s.num_cpus for s in specs)
+        while True:
+            caps = self.capacities(alloc)
+            order = sorted(specs, key=lambda s: caps[s.name])
+            grown = False
+            for s in order[:1]:
+                if used + s.num_cpus <= self.budget + 1e-9:
+                    trial = dict(alloc)
+                    trial[s.name] += 1
+                    if self.capacities(trial)[s.name] > caps[s.name] * 1.001:
+                        alloc, used, grown = trial, used + s.num_cpus, True
+            if not grown:
+                break
+        # spend the leftover on whatever is cheapest and lowest (does not change the min)
+        return alloc, self.throughput(alloc)
+
+
+class PipelineSim:
+    """Fluid dynamics of a ``SimPipeline`` under a changing allocation."""
+
+    SUBSTEPS = 4
+
+    def __init__(self, pipe: SimPipeline, rng: np.random.Generator):
+        self.pipe = pipe
+        self.rng = rng
+        k = len(pipe.ops)
+        self.t = 0.0
+        self.q = np.zeros(k + 1)          # q[i]: rows waiting before op i (q[0] unused); q[k]: sink buffer
+        self.raw = {o.name: RawOp() for o in pipe.ops}
+        self.sink_rows = 0.0
+        self.active = {o.name: 0.0 for o in pipe.ops}
+        self.pending: list[tuple[float, str, int]] = []
+        self.target: Allocation = {o.name: 0 for o in pipe.ops}
+
+    def set_allocation(self, alloc: Allocation) -> None:
+        for o in self.pipe.ops:
+            new, old = alloc[o.name], self.target.get(o.name, 0)
+            if new > old and o.lag > 0:
+                self.pending.append((self.t + o.lag, o.name, new - old))
+            elif new > old:
+                self.active[o.name] += new - old
+            elif new < old:
+                drop = old - new
+                # cancel pending starts first, then running slots
+                keep = []
+                for when, name, cnt in self.pending:
+                    if name == o.name and drop > 0:
+                        c = min(cnt, drop)
+                        drop -= c
+                        cnt -= c
+                    if cnt > 0:
+                        keep.append((when, name, cnt))
+                self.pending = keep
+                self.active[o.name] = max(self.active[o.name] - drop, 0.0)
+        self.target = dict(alloc)
+
+    def mem_used(self) -> float:
+        return float(self.q[1:].sum()) * self.pipe.row_bytes
+
+    def step(self, dt: float = 1.0) -> RawSnapshot:
+        p = self.pipe
+        k = len(p.ops)
+        h = dt / self.SUBSTEPS
+        for _ in range(self.SUBSTEPS):
+            self.t += h
+            ready = [x for x in self.pending if x[0] <= self.t]
+            self.pending = [x for x in self.pending if x[0] > self.t]
+            for _, name, cnt in ready:
+                self.active[name] += cnt
+            over = self.mem_used() >= p.mem_limit
+            share = p.mem_limit / (k + 1) / p.row_bytes
+            # consumer first (downstream frees space first)
+            take = min(self.q[k], p.consumer_rate / p.factors()[-1] * h if math.isfinite(p.consumer_rate) else self.q[k])
+            self.q[k] -= take
+            self.sink_rows += take
+            for i in range(k - 1, -1, -1):
+                o = p.ops[i]
+                r = self.raw[o.name]
+                n = self.active[o.name]
+                cap_out = o.n_eff(n) * o.mu * h
+                if i == 0:
+                    want_in = math.inf
+                    out = cap_out
+                else:
+                    want_in = self.q[i]
+                    out = min(cap_out, self.q[i] * o.ratio)
+                blocked = over and self.q[i + 1] >= share
+                if blocked:
+                    out = 0.0
+                consumed = out / o.ratio if i > 0 else out / o.ratio
+                if i > 0:
+                    self.q[i] -= consumed
+                self.q[i + 1] += out
+                busy = (out / cap_out) if cap_out > 0 else 0.0
+                r.rows_in += consumed
+                r.rows_out += out
+                r.slot_seconds += n * busy * h
+                if (want_in > 0 and busy > 0.98) or blocked:
+                    r.bp_seconds += h
+        snap_ops = {}
+        for i, o in enumerate(p.ops):
+            r = self.raw[o.name]
+            r.running = self.active[o.name]
+            r.queue_blocks = (self.q[i] / p.block_rows) if i > 0 else 0.0
+            r.queue_bytes = (self.q[i] * p.row_bytes) if i > 0 else 0.0
+            noisy = replace(r)
+            snap_ops[o.name] = noisy
+        return RawSnapshot(
+            t=self.t,
+            ops=snap_ops,
+            sink_rows=self.sink_rows,
+            mem_used=self.mem_used(),
+            mem_limit=p.mem_limit,
+            data_wait=None,
+        )
+
+
+class NoisyCounters:
+    """Adds mean-preserving multiplicative noise to counter increments, as block
+    granularity and scheduling jitter do to live measurements."""
+
+    def __init__(self, sigma: float, rng: np.random.Generator):
+        self.sigma = sigma
+        self.rng = rng
+        self.prev_true: RawSnapshot | None = None
+        self.acc: dict[str, list[float]] = {}
+        self.sink = 0.0
+
+    def __call__(self, snap: RawSnapshot) -> RawSnapshot:
+        if self.prev_true is None:
+            self.prev_true = snap
+            self.acc = {n: [o.rows_out, o.slot_seconds] for n, o in snap.ops.items()}
+            self.sink = snap.sink_rows
+            return snap
+        def z() -> float:
+            return float(np.exp(self.rng.normal(0.0, self.sigma) - self.sigma**2 / 2))
+        ops = {}
+        for n, o in snap.ops.items():
+            po = self.prev_true.ops[n]
+            self.acc[n][0] += (o.rows_out - po.rows_out) * z()
+            self.acc[n][1] += (o.slot_seconds - po.slot_seconds) * z()
+            ops[n] = replace(o, rows_out=self.acc[n][0], slot_seconds=self.acc[n][1])
+        self.sink += (snap.sink_rows - self.prev_true.sink_rows) * z()
+        self.prev_true = snap
+        return replace(snap, ops=ops, sink_rows=self.sink)
+
+
+# --------------------------------------------------------------------------- pipelines
+
+OP_NAMES = ("read", "parse", "dense", "hash", "truncate", "cross", "dedup", "batch")
+
+
+def random_pipeline(rng: np.random.Generator, k: int | None = None) -> SimPipeline:
+    k = int(k or rng.integers(2, K_MAX + 1))
+    cpus_choice = rng.choice([0.5, 1.0, 1.0, 1.0, 2.0], size=k) if rng.random() < 0.3 else np.ones(k)
+    # per-block seconds of one slot, log-uniform over ~30x
+    sec_per_block = np.exp(rng.uniform(np.log(0.05), np.log(1.5), size=k))
+    block_rows = 1000.0
+    ratios = np.ones(k)
+    for i in range(1, k):
+        if rng.random() < 0.15:
+            ratios[i] = float(rng.uniform(0.5, 0.95))
+    if rng.random() < 0.3:
+        ratios[-1] = 1.0 / float(rng.choice([256, 512, 1024]))  # packs samples into batches
+    ops = []
+    for i in range(k):
+        mu = block_rows * ratios[i] / sec_per_block[i]
+        sat = float(rng.uniform(2, 10)) if rng.random() < 0.15 else None
+        lag = float(rng.choice([0.0, 0.0, 1.0, 2.0]))
+        ops.append(SimOp(OP_NAMES[i] if i < len(OP_NAMES) else f"op{i}", mu, float(cpus_choice[i]),
+                         float(ratios[i]), sat, lag))
+    min_need = sum(o.num_cpus for o in ops)
+    budget = float(np.round(rng.uniform(min_need + 2, max(min_need + 4, 48.0))))
+    pipe = SimPipeline(ops=ops, budget=budget, block_rows=block_rows,
+                       row_bytes=float(rng.uniform(100, 2000)),
+                       noise=float(rng.uniform(0.03, 0.12)))
+    pipe.mem_limit = float(pipe.row_bytes * block_rows * rng.uniform(20, 400))
+    if rng.random() < 0.15:
+        _, t_opt = pipe.optimum()
+        pipe.consumer_rate = t_opt * float(rng.uniform(0.3, 0.9))
+    return pipe
+
+
+def from_profile(profile: dict, rng: np.random.Generator | None = None, jitter: float = 0.0) -> SimPipeline:
+    """A simulated pipeline from a profiling pass (``profile.ProfileResult.to_dict()``),
+    optionally with each operator's cost jittered by up to ``jitter`` (log-scale)."""
+    ops = []
+    for o in profile["ops"]:
+        mu = float(o["rate_per_slot"])
+        if rng is not None and jitter > 0:
+            mu *= float(np.exp(rng.uniform(-jitter, jitter)))
+        ops.append(SimOp(o["name"], mu, float(o.get("num_cpus", 1.0)), float(o.get("element_ratio", 1.0)),
+                         o.get("sat"), float(o.get("lag", 0.0))))
+    return SimPipeline(
+        ops=ops,
+        budget=float(profile["cpu_budget"]),
+        block_rows=float(profile.get("block_rows", 1000.0)),
+        row_bytes=float(profile.get("row_bytes", 500.0)),
+        mem_limit=float(profile.get("mem_limit", 2e9)),
+        noise=float(profile.get("noise", 0.06)),
+    )
+
+
+def initial_allocation(pipe: SimPipeline, rng: np.random.Generator, mode: str | None = None) -> Allocation:
+    specs = pipe.specs()
+    mode = mode or str(rng.choice(["even", "min", "random"], p=[0.45, 0.25, 0.30]))
+    if mode == "min":
+        return {s.name: 1 for s in specs}
+    if mode == "even":
+        per = pipe.budget / sum(s.num_cpus for s in specs)
+        return project({s.name: max(1, int(per)) for s in specs}, specs, pipe.budget)
+    w = rng.dirichlet(np.ones(len(specs)))
+    return project({s.name: max(1, int(w[i] * pipe.budget / s.num_cpus)) for i, s in enumerate(specs)},
+                   specs, pipe.budget)
+
+
+# --------------------------------------------------------------------------- gym env
+
+
+@dataclass
+class EnvConfig:
+    episode_steps: int = 80
+    interval_s: float = 1.0
+    window_s: float = 3.0
+    settle_s: float = 1.0
+    shift_prob: float = 0.5
+    profile: dict | None = None
+    profile_prob: float = 0.5      # share of episodes built from `profile` when one is given
+    profile_jitter: float = 0.4
+    mem_penalty: float = 2.0
+    spill_penalty: float = 1.0
+    move_cost: float = 0.003
+    seed: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def make_env_class():
+    """The gymnasium Env class (built lazily so importing this module needs no gymnasium)."""
+    import gymnasium as gym
+
+    class PipelineTunerEnv(gym.Env):
+        """Observation: ``features.featurize`` (normalised, with the action mask);
+        action: ``actions`` (hold / +1 op / -1 op); reward: delivered samples/s over
+        the best achievable, minus memory-pressure, spill and churn penalties."""
+
+        metadata = {"render_modes": []}
+
+        def __init__(self, config: dict | EnvConfig | None = None):
+            super().__init__()
+            if isinstance(config, EnvConfig):
+                cfg = config
+            else:
+                cfg = EnvConfig(**{k: v for k, v in dict(config or {}).items()
+                                   if k in EnvConfig.__dataclass_fields__})
+            self.cfg = cfg
+            self.observation_space = gym.spaces.Box(-2.0, 2.0, (OBS_DIM,), np.float32)
+            self.action_space = gym.spaces.Discrete(N_ACTIONS)
+            self.rng = np.random.default_rng(cfg.seed)
+            self.pipe: SimPipeline | None = None
+
+        # -- helpers
+        def _new_pipeline(self) -> SimPipeline:
+            if self.cfg.profile is not None and self.rng.random() < self.cfg.profile_prob:
+                return from_profile(self.cfg.profile, self.rng, self.cfg.profile_jitter)
+            return random_pipeline(self.rng)
+
+        def _observe(self):
+            obs = self.observer.observation(self.alloc, self.cpus, self.pipe.budget)
+            self.last_obs = obs
+            vec, mask = featurize(obs, self.alloc, self.specs, self.pipe.budget, self.fs)
+            self.mask = mask
+            return vec
+
+        def _advance(self):
+            snap = self.noise(self.sim.step(self.cfg.interval_s))
+            self.observer.push(snap)
+
+        def reset(self, *, seed=None, options=None):
+            if seed is not None:
+                self.rng = np.random.default_rng(seed)
+            options = options or {}
+            self.pipe = options.get("pipeline") or self._new_pipeline()
+            self.specs = self.pipe.specs()
+            self.cpus = {s.name: s.num_cpus for s in self.specs}
+            self.alloc = options.get("allocation") or initial_allocation(self.pipe, self.rng)
+            self.sim = PipelineSim(self.pipe, self.rng)
+            self.sim.set_allocation(self.alloc)
+            self.noise = NoisyCounters(self.pipe.noise, self.rng)
+            self.observer = WindowedObserver(self.cfg.window_s, self.cfg.settle_s)
+            self.fs = FeatureState(self.pipe.names)
+            self.steps = 0
+            self.opt_alloc, self.t_opt = self.pipe.optimum()
+            self.shift_at = (int(self.rng.integers(self.cfg.episode_steps // 3, 2 * self.cfg.episode_steps // 3))
+                             if self.rng.random() < self.cfg.shift_prob else None)
+            self.sim.step(0.0)
+            self.observer.push(self.noise(RawSnapshot(0.0, {n: RawOp() for n in self.pipe.names}, 0.0,
+                                                      0.0, self.pipe.mem_limit)))
+            self._advance()
+            return self._observe(), {}
+
+        def _shift(self):
+            i = int(self.rng.integers(len(self.pipe.ops)))
+            factor = float(self.rng.choice([0.5, 0.5, 2.0]))  # cost x2 (rate /2) more often
+            op = self.pipe.ops[i]
+            op.mu *= factor
+            self.opt_alloc, self.t_opt = self.pipe.optimum()
+
+        def step(self, action):
+            a = int(action)
+            caps = {o.name: o.capacity for o in self.last_obs.ops}
+            before = dict(self.alloc)
+            if not self.mask[a]:
+                a = 0
+            self.alloc = apply_action(a, self.alloc, self.specs, self.pipe.budget, caps)
+            self.fs.tick()
+            self.fs.note_action(before, self.alloc)
+            if self.alloc != before:
+                self.sim.set_allocation(self.alloc)
+                self.observer.note_change(self.sim.t)
+            if self.shift_at is not None and self.steps == self.shift_at:
+                self._shift()
+            self._advance()
+            self.steps += 1
+            true_thr = self.pipe.throughput(self.sim.active | {})  # capacity-limited rate of active slots
+            obs_vec = self._observe()
+            mem_frac = self.last_obs.mem_fraction
+            reward = min(true_thr / max(self.t_opt, 1e-9), 1.0)
+            reward -= self.cfg.mem_penalty * max(0.0, mem_frac - 0.9)
+            reward -= self.cfg.spill_penalty * (1.0 if self.last_obs.spill_rate > 0 else 0.0)
+            if self.alloc != before:
+                reward -= self.cfg.move_cost
+            truncated = self.steps >= self.cfg.episode_steps
+            return obs_vec, float(reward), False, truncated, {"throughput": true_thr, "t_opt": self.t_opt}
+
+    return PipelineTunerEnv
+
+
+def run_policy_in_sim(
+    pipe: SimPipeline,
+    act,  # callable(obs_vec, mask, env) -> action
+    steps: int = 80,
+    allocation: Allocation | None = None,
+    seed: int = 0,
+    shift_at: int | None = None,
+    shift: tuple[str, float] | None = None,
+) -> dict:
+    """Roll a policy through a simulated pipeline; returns the throughput trace."""
+    Env = make_env_class()
+    env = Env(EnvConfig(episode_steps=steps, shift_prob=0.0, seed=seed))
+    vec, _ = env.reset(seed=seed, options={"pipeline": pipe, "allocation": allocation})
+    trace = []
+    for t in range(steps):
+        if shift_at is not None and t == shift_at and shift is not None:
+            for o in env.pipe.ops:
+                if o.name == shift[0]:
+                    o.mu /= shift[1]
+            env.opt_alloc, env.t_opt = env.pipe.optimum()
+        a = act(vec, env.mask, env)
+        vec, r, _, trunc, info = env.step(a)
+        trace.append((info["throughput"], info["t_opt"], dict(env.alloc)))
+        if trunc:
+            break
+    return {"trace": trace, "final_alloc": dict(env.alloc)}
+
+
+def sim_specs(pipe: SimPipeline) -> Sequence[OpSpec]:
+    return pipe.specs()
+
+
+def run_controller_in_sim(
+    pipe: SimPipeline,
+    spec,
+    steps: int = 120,
+    shift_at: int | None = None,
+    shift: tuple[str, float] | None = None,
+    seed: int = 0,
+) -> list[dict]:
+    """Drive a real ``Controller`` (any policy) against the simulator, one step per
+    ``spec.interval_s``; returns per-step {t, throughput, t_opt, allocation}."""
+    from dlrm_platform.tuner.controller import Controller
+
+    rng = np.random.default_rng(seed)
+    ctl = Controller(spec)
+    sim = PipelineSim(pipe, rng)
+    sim.set_allocation(ctl.allocation)
+    noise = NoisyCounters(pipe.noise, rng)
+    ctl.start_epoch()
+    ctl.tick(noise(RawSnapshot(0.0, {n: RawOp() for n in pipe.names}, 0.0, 0.0, pipe.mem_limit)), pipe.budget)
+    _, t_opt = pipe.optimum()
+    out = []
+    for i in range(steps):
+        if shift_at is not None and shift is not None and i == shift_at:
+            for o in pipe.ops:
+                if o.name == shift[0]:
+                    o.mu /= shift[1]
+            _, t_opt = pipe.optimum()
+        snap = noise(sim.step(spec.interval_s))
+        new = ctl.tick(snap, pipe.budget)
+        if new is not None:
+            sim.set_allocation(new)
+        out.append({"t": sim.t, "throughput": pipe.throughput(sim.active), "t_opt": t_opt,
+                    "allocation": dict(ctl.allocation)})
+    ctl.pop_records()
+    return out

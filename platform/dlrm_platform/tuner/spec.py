@@ -1,0 +1,94 @@
+"""What the tuner controls: plain, JSON-serialisable descriptions.
+
+A :class:`TunerSpec` travels inside the Ray Data ``DataContext`` (as a dict in
+its key-value config) to wherever the pipeline executes: the driver for a plain
+iterator, the SplitCoordinator actor under Ray Train. It therefore holds only
+plain data, never Ray handles or config objects.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+POLICIES = ("static", "ray_default", "plumber", "hill_climb", "rl", "oracle")
+# Policies whose decisions the tuner applies. `ray_default` only observes.
+CONTROLLING_POLICIES = ("static", "plumber", "hill_climb", "rl", "oracle")
+
+Allocation = dict[str, int]
+
+
+@dataclass
+class OpSpec:
+    """One tuned operator: its name, CPUs per task (slot) and slot bounds."""
+
+    name: str
+    num_cpus: float
+    initial: int = 1
+    min_slots: int = 1
+    max_slots: int | None = None
+
+    def upper(self, budget: float) -> int:
+        """Most slots this operator could ever get under ``budget``."""
+        cap = max(self.min_slots, int(math.floor(budget / self.num_cpus + 1e-9)))
+        return cap if self.max_slots is None else min(cap, self.max_slots)
+
+
+@dataclass
+class TunerSpec:
+    """Everything the in-executor controller needs, as plain data."""
+
+    tuner_id: str
+    policy: str
+    cpu_budget: float
+    ops: list[OpSpec]
+    interval_s: float = 1.0
+    object_store_limit_bytes: float | None = None
+    object_store_limit_fraction: float = 0.8
+    policy_path: str | None = None
+    recorder_name: str | None = None
+    recorder_namespace: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown tuner policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.cpu_budget <= 0:
+            raise ValueError(f"cpu_budget must be positive, got {self.cpu_budget}")
+        if not self.ops:
+            raise ValueError("a tuner needs at least one operator")
+        names = [o.name for o in self.ops]
+        if len(set(names)) != len(names):
+            raise ValueError(f"operator names must be unique: {names}")
+        need = sum(o.min_slots * o.num_cpus for o in self.ops)
+        if need > self.cpu_budget + 1e-9:
+            raise ValueError(
+                f"the operators' minimum allocation needs {need:g} CPUs but the budget is {self.cpu_budget:g}"
+            )
+
+    @property
+    def controls(self) -> bool:
+        return self.policy in CONTROLLING_POLICIES
+
+    @property
+    def names(self) -> list[str]:
+        return [o.name for o in self.ops]
+
+    def op(self, name: str) -> OpSpec:
+        for o in self.ops:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    def initial_allocation(self) -> Allocation:
+        return {o.name: max(o.min_slots, o.initial) for o in self.ops}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TunerSpec:
+        d = dict(d)
+        d["ops"] = [o if isinstance(o, OpSpec) else OpSpec(**o) for o in d["ops"]]
+        return cls(**d)

@@ -1,0 +1,268 @@
+"""Benchmark pipelines described in YAML (``benchmarks/pipelines/*.yaml``).
+
+Each operator waits (``time.sleep``, GIL-free) for its cost per row instead of
+spinning: on a 2-core machine, giving Ray many logical CPUs and letting
+operators wait models a large machine faithfully, so that *allocation* decides
+throughput (DESIGN.md). An operator may sit behind a storage service with a
+fixed number of channels (``storage_channels``): past that many concurrent
+tasks, more slots only wait longer - the sublinear scaling of real I/O that a
+linear per-core model does not predict. Costs can be changed while the
+pipeline runs (the "user history doubles" scenario) through a small control
+file that tasks re-read when it changes.
+
+Example::
+
+    name: dlrm_preprocessing
+    rows_per_block: 2000
+    row_bytes: 256
+    cluster: {num_cpus: 32, data_cpus: 24, nodes: [8, 8, 8, 8]}
+    operators:
+      - {name: read, ms_per_1k_rows: 120, concurrency: 4, storage_channels: 8}
+      - {name: parse, ms_per_1k_rows: 300, concurrency: 4}
+    shift: {at_s: 60, operator: parse, factor: 2.0}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dlrm_platform.errors import UserError
+from dlrm_platform.tuner.spec import OpSpec
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SyntheticOperator(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    ms_per_1k_rows: float = Field(gt=0, description="busy time of one slot per 1000 input rows")
+    num_cpus: float = Field(1.0, gt=0)
+    concurrency: int = Field(1, ge=1, description="the static config's number of tasks")
+    element_ratio: float = Field(1.0, gt=0, le=1.0, description="output rows per input row")
+    storage_channels: int | None = Field(None, ge=1, description="concurrent I/O channels behind this operator")
+    what: str = ""
+
+
+class ClusterSpec(_Strict):
+    num_cpus: int = Field(32, ge=2, description="logical CPUs of the local cluster")
+    data_cpus: float = Field(24, gt=0, description="CPU budget of the pipeline")
+    nodes: list[int] = Field(default_factory=lambda: [8, 8, 8, 8], description="CPUs per simulated node")
+    object_store_mb: int = Field(1500, ge=100)
+
+
+class ShiftSpec(_Strict):
+    at_s: float = Field(60.0, gt=0)
+    operator: str
+    factor: float = Field(2.0, gt=0)
+    what: str = ""
+
+
+class PipelineDef(_Strict):
+    name: str
+    description: str = ""
+    rows_per_block: int = Field(2000, ge=1)
+    row_bytes: int = Field(256, ge=8)
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    operators: list[SyntheticOperator] = Field(min_length=1)
+    shift: ShiftSpec | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PipelineDef:
+        names = [o.name for o in self.operators]
+        if len(set(names)) != len(names):
+            raise ValueError(f"operator names must be unique: {names}")
+        if self.shift is not None and self.shift.operator not in names:
+            raise ValueError(f"shift.operator {self.shift.operator!r} is not one of {names}")
+        need = sum(o.num_cpus for o in self.operators)
+        if need > self.cluster.data_cpus:
+            raise ValueError(f"one task of every operator needs {need:g} CPUs > cluster.data_cpus")
+        return self
+
+    # -- derived
+    def op_specs(self, initial: str = "config") -> list[OpSpec]:
+        return [OpSpec(o.name, o.num_cpus, initial=o.concurrency if initial == "config" else 1)
+                for o in self.operators]
+
+    def ground_truth(self) -> dict[str, Any]:
+        """The true cost model (benchmark-only: a tuner never sees it)."""
+        return {
+            "cpu_budget": self.cluster.data_cpus,
+            "block_rows": self.rows_per_block,
+            "row_bytes": self.row_bytes,
+            "ops": [
+                {
+                    "name": o.name,
+                    "num_cpus": o.num_cpus,
+                    "element_ratio": o.element_ratio,
+                    # own output rows per busy slot-second
+                    "rate_per_slot": 1e6 * o.element_ratio / o.ms_per_1k_rows,
+                    "sat": o.storage_channels,
+                }
+                for o in self.operators
+            ],
+        }
+
+
+def load_pipeline(path: str | Path) -> PipelineDef:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such pipeline file") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not valid YAML: {err}") from None
+    try:
+        return PipelineDef.model_validate(raw)
+    except ValidationError as err:
+        from dlrm_platform.config import format_validation_error
+
+        raise UserError(format_validation_error(err, str(path)).replace("invalid job config", "invalid pipeline"))
+
+
+# --------------------------------------------------------------------------- runtime pieces
+
+_COST_CACHE: dict[str, tuple[float, dict]] = {}
+STORAGE_NAMESPACE = "dlrm_platform_bench"
+
+
+def _multiplier(control_file: str | None, op: str) -> float:
+    if not control_file:
+        return 1.0
+    try:
+        mtime = os.stat(control_file).st_mtime
+    except FileNotFoundError:
+        return 1.0
+    cached = _COST_CACHE.get(control_file)
+    if cached is None or cached[0] != mtime:
+        try:
+            data = json.loads(Path(control_file).read_text() or "{}")
+        except (OSError, ValueError):
+            data = cached[1] if cached else {}
+        _COST_CACHE[control_file] = (mtime, data)
+        cached = _COST_CACHE[control_file]
+    return float(cached[1].get(op, 1.0))
+
+
+def set_cost_multipliers(control_file: str | Path, multipliers: dict[str, float]) -> None:
+    """Change operator costs of a running pipeline (atomically replaces the control file)."""
+    control_file = Path(control_file)
+    tmp = control_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(multipliers))
+    os.replace(tmp, control_file)
+
+
+class _Storage:
+    """A storage service with a fixed number of channels (threaded actor)."""
+
+    def io(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+_STORAGE_HANDLES: dict[str, Any] = {}  # named actors live while their handle does
+
+
+def start_storage(name: str, channels: int):
+    import ray
+
+    cls = ray.remote(num_cpus=0, max_concurrency=channels)(_Storage)
+    handle = cls.options(name=name, namespace=STORAGE_NAMESPACE, get_if_exists=True).remote()
+    _STORAGE_HANDLES[name] = handle
+    return handle
+
+
+def stop_storage() -> None:
+    import ray
+
+    for h in _STORAGE_HANDLES.values():
+        try:
+            ray.kill(h)
+        except Exception:  # noqa: BLE001
+            pass
+    _STORAGE_HANDLES.clear()
+
+
+def _make_op_fn(op: SyntheticOperator, rows_per_block: int, row_floats: int, control_file: str | None,
+                storage_name: str | None, first: bool):
+    name = op.name
+    sec_per_row = op.ms_per_1k_rows / 1000.0 / 1000.0
+    ratio = op.element_ratio
+
+    def fn(batch):
+        import numpy as np
+
+        if first:
+            ids = np.asarray(batch["id"])
+            n = int(len(ids) * rows_per_block)
+            base = int(ids[0]) * rows_per_block if len(ids) else 0
+            batch = {"id": np.arange(base, base + n, dtype=np.int64),
+                     "x": np.zeros((n, row_floats), dtype=np.float32)}
+        n = len(batch["id"])
+        wait = sec_per_row * n * _multiplier(control_file, name)
+        if storage_name:
+            import ray
+
+            ray.get(ray.get_actor(storage_name, namespace=STORAGE_NAMESPACE).io.remote(wait))
+        else:
+            time.sleep(wait)
+        if ratio < 1.0:
+            keep = max(1, int(round(n * ratio)))
+            batch = {k: v[:keep] for k, v in batch.items()}
+        return batch
+
+    fn.__name__ = name
+    fn.__qualname__ = name
+    return fn
+
+
+def build_dataset(
+    pipe: PipelineDef,
+    num_blocks: int,
+    strategies: dict[str, Any],
+    *,
+    control_file: str | Path | None = None,
+    storage_prefix: str = "dlrm-bench-storage",
+):
+    """The Ray Data pipeline of ``pipe`` over ``num_blocks`` blocks (``strategies`` from
+    ``tuner.compute_strategies``). Storage services are started as named actors."""
+    import ray
+
+    row_floats = max(1, pipe.row_bytes // 4 - 2)
+    ds = ray.data.range(num_blocks, override_num_blocks=num_blocks)
+    for i, op in enumerate(pipe.operators):
+        storage = None
+        if op.storage_channels:
+            storage = f"{storage_prefix}-{op.name}"
+            start_storage(storage, op.storage_channels)
+        fn = _make_op_fn(op, pipe.rows_per_block, row_floats, str(control_file) if control_file else None,
+                         storage, first=(i == 0))
+        ds = ds.map_batches(
+            fn,
+            batch_size=None,
+            batch_format="numpy",
+            zero_copy_batch=True,
+            compute=strategies[op.name],
+            num_cpus=op.num_cpus,
+        )
+    return ds
+
+
+def expected_optimum(pipe: PipelineDef) -> tuple[dict[str, int], float]:
+    """Best whole-slot allocation and its rows/s under the true cost model (simulator)."""
+    from dlrm_platform.tuner.simulator import from_profile
+
+    sim = from_profile(pipe.ground_truth())
+    return sim.optimum()
+
+
+def rows_per_s_upper_bound(pipe: PipelineDef) -> float:
+    _, t = expected_optimum(pipe)
+    return t if math.isfinite(t) else 0.0
