@@ -136,7 +136,7 @@ class Stack:
             job_python="/opt/venv/bin/python",
             mlflow_tracking_uri="http://mlflow:5000",
             ray_address="http://ray:8265",
-            **settings,
+            **{"auth_cache_ttl_s": 0.0, **settings},
         )
         self.backend = backend or FakeBackend()
         self.tracker = tracker or FakeTracker()

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import time
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -75,6 +76,34 @@ def verify_key(session: Session, key: str) -> Principal | None:
     if not hmac.compare_digest(record.key_hash, hash_key(key.strip())):
         return None
     return Principal(user=record.user, is_admin=record.is_admin, key_id=record.key_id)
+
+
+class KeyCache:
+    """Verified keys for ``ttl_s`` seconds, so that polling clients cost no key lookup.
+
+    A revoked key stops working within ``ttl_s`` (0 disables the cache). Entries
+    are keyed by the key's hash, never by the key.
+    """
+
+    def __init__(self, ttl_s: float, max_entries: int = 10_000):
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._entries: dict[str, tuple[float, Principal]] = {}
+
+    def get(self, key: str) -> Principal | None:
+        if self.ttl_s <= 0:
+            return None
+        hit = self._entries.get(hash_key(key))
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        return hit[1]
+
+    def put(self, key: str, principal: Principal) -> None:
+        if self.ttl_s <= 0:
+            return
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
+        self._entries[hash_key(key)] = (time.monotonic() + self.ttl_s, principal)
 
 
 def extract_key(authorization: str | None, x_api_key: str | None) -> str | None:

@@ -126,10 +126,10 @@ def _serve_stack(args: argparse.Namespace) -> int:
 
 
 def _mlflow_server(args: argparse.Namespace) -> int:
-    from dlrm_platform.api.tracking import init_backend_store, server_command
+    from dlrm_platform.api.tracking import SERVER_ENV, init_backend_store, server_command
 
     uri = init_backend_store(args.root / "mlflow.db", args.root / "artifacts")
     print(f"[mlflow] backend {uri}, artifacts {args.root / 'artifacts'}; http://{args.host}:{args.port}", flush=True)
     cmd = server_command(uri, args.root / "artifacts", args.host, args.port, args.workers)
-    os.execv(cmd[0], cmd)
+    os.execve(cmd[0], cmd, {**os.environ, **SERVER_ENV})
     return 0  # not reached

@@ -176,6 +176,10 @@ class Database:
         Base.metadata.create_all(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
+    @property
+    def session_factory(self) -> sessionmaker[Session]:
+        return self._sessions
+
     def session(self) -> Session:
         return self._sessions()
 

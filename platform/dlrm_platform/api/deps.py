@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from dlrm_platform.api.auth import Principal, verify_key
@@ -16,15 +17,17 @@ _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API 
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="`X-API-Key: <API key>`")
 
 
-def get_service(request: Request) -> JobService:
+# Trivial dependencies are `async def`: FastAPI runs sync ones in the thread pool,
+# one hop each, which costs more than they do.
+async def get_service(request: Request) -> JobService:
     return request.app.state.service
 
 
-def get_settings(request: Request) -> ApiSettings:
+async def get_settings(request: Request) -> ApiSettings:
     return request.app.state.settings
 
 
-def get_metrics(request: Request) -> ServiceMetrics:
+async def get_metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
 
@@ -33,7 +36,7 @@ SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 
 
-def get_principal(
+async def get_principal(
     service: ServiceDep,
     metrics: MetricsDep,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
@@ -47,13 +50,22 @@ def get_principal(
             "missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    with service.db.session() as session:
-        principal = verify_key(session, key)
+    principal = service.key_cache.get(key)
+    if principal is None:
+        principal = await run_in_threadpool(_verify, service, key)
     if principal is None:
         metrics.auth_failures.inc()
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"}
         )
+    return principal
+
+
+def _verify(service: JobService, key: str) -> Principal | None:
+    with service.db.session() as session:
+        principal = verify_key(session, key)
+    if principal is not None:
+        service.key_cache.put(key, principal)
     return principal
 
 

@@ -15,7 +15,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -23,12 +23,12 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dlrm_platform.api import policy
-from dlrm_platform.api.auth import Principal
+from dlrm_platform.api.auth import KeyCache, Principal
 from dlrm_platform.api.backend import BackendJob, BackendUnavailable, JobBackend
 from dlrm_platform.api.db import (
     Database,
@@ -85,8 +85,57 @@ class LogSource:
     archived: Path | None
 
 
+class ViewCache:
+    """Rendered job views (JSON bytes) by job id, so that polling a job costs no query.
+
+    Every committed change to a job or its history drops its entry (session
+    events), and entries expire after ``ttl_s`` whatever happens.
+    """
+
+    def __init__(self, ttl_s: float):
+        self.ttl_s = ttl_s
+        self._entries: dict[str, tuple[float, str, bytes]] = {}
+        self._generations = {}
+        self._lock = threading.Lock()
+
+    def get(self, job_id: str) -> tuple[str, bytes] | None:
+        hit = self._entries.get(job_id)
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        return hit[1], hit[2]
+
+    def put(self, job_id: str, owner: str, body: bytes, generation: int) -> None:
+        if self.ttl_s <= 0:
+            return
+        with self._lock:
+            if generation != self.generation(job_id):
+                return  # changed while it was being rendered
+            if len(self._entries) > 50_000:
+                self._entries.clear()
+            self._entries[job_id] = (time.monotonic() + self.ttl_s, owner, body)
+
+    def invalidate(self, job_ids: Iterable[str]) -> None:
+        with self._lock:
+            for job_id in job_ids:
+                self._entries.pop(job_id, None)
+                self._generations[job_id] = self._generations.get(job_id, 0) + 1
+
+    def generation(self, job_id: str) -> int:
+        return self._generations.get(job_id, 0)
+
+
+
 def new_job_id() -> str:
     return f"job-{secrets.token_hex(8)}"
+
+
+def _collect_changed_jobs(session: Session, _ctx: Any) -> None:
+    changed = session.info.setdefault("changed_jobs", set())
+    for obj in (*session.new, *session.dirty, *session.deleted):
+        if isinstance(obj, JobRecord):
+            changed.add(obj.id)
+        elif isinstance(obj, JobEventRecord):
+            changed.add(obj.job_id)
 
 
 class JobService:
@@ -107,6 +156,10 @@ class JobService:
         self.clock = clock
         self.storage_root = settings.storage_dir.resolve()
         self.workdir = settings.job_workdir.resolve()
+        self.key_cache = KeyCache(settings.auth_cache_ttl_s)
+        self.view_cache = ViewCache(settings.view_cache_ttl_s)
+        event.listen(db.session_factory, "after_flush", _collect_changed_jobs)
+        event.listen(db.session_factory, "after_commit", self._invalidate_committed)
         self.ray_ok: bool | None = None
         self.reconciled = False
         self.last_tick: float | None = None
@@ -117,6 +170,11 @@ class JobService:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._tick_lock = threading.Lock()
+
+    def _invalidate_committed(self, session: Session) -> None:
+        changed = session.info.pop("changed_jobs", None)
+        if changed:
+            self.view_cache.invalidate(changed)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -279,6 +337,18 @@ class JobService:
             raise NotFound(f"no job {job_id}")  # another user's job is not even acknowledged
         return job
 
+    def get_with_events(self, principal: Principal, job_id: str) -> tuple[JobRecord, list[JobEventRecord]]:
+        with self.db.session() as s:
+            job = s.get(JobRecord, job_id)
+            if job is None or (job.owner != principal.user and not principal.is_admin):
+                raise NotFound(f"no job {job_id}")
+            events = list(
+                s.scalars(
+                    select(JobEventRecord).where(JobEventRecord.job_id == job_id).order_by(JobEventRecord.id)
+                )
+            )
+        return job, events
+
     def events(self, job_id: str) -> list[JobEventRecord]:
         with self.db.session() as s:
             return list(
@@ -325,6 +395,7 @@ class JobService:
         now = self.clock()
         with self.db.transaction() as s:
             # A queued job stops here and now, unless the scheduler just started it.
+            s.info.setdefault("changed_jobs", set()).add(job_id)
             res = s.execute(
                 update(JobRecord)
                 .where(JobRecord.id == job_id, JobRecord.status == JobStatus.QUEUED.value)
@@ -634,6 +705,7 @@ class JobService:
         for job in late:
             if job.status == JobStatus.QUEUED.value:
                 with self.db.transaction() as s:
+                    s.info.setdefault("changed_jobs", set()).add(job.id)
                     res = s.execute(
                         update(JobRecord)
                         .where(JobRecord.id == job.id, JobRecord.status == JobStatus.QUEUED.value)
@@ -719,6 +791,7 @@ class JobService:
                 return
             attempt = job.attempt + 1
             sid = self.submission_id(job.id, attempt)
+            s.info.setdefault("changed_jobs", set()).add(job_id)
             res = s.execute(
                 update(JobRecord)
                 .where(JobRecord.id == job_id, JobRecord.status == JobStatus.QUEUED.value)

@@ -7,7 +7,6 @@ Paths are resolved against the working directory of the service.
 from __future__ import annotations
 
 import sys
-from functools import cached_property
 from pathlib import Path
 
 from pydantic import Field
@@ -53,13 +52,18 @@ class ApiSettings(BaseSettings):
     scheduler_interval_s: float = Field(1.0, gt=0, description="seconds between scheduler passes")
     progress_interval_s: float = Field(5.0, gt=0, description="seconds between MLflow progress reads per job")
     scheduler_enabled: bool = Field(True, description="run the queue/scheduler loop in this process")
-    page_size_limit: int = Field(200, ge=1)
+    view_cache_ttl_s: float = Field(
+        2.0, ge=0, description="seconds a rendered job view may be served from memory (changes drop it at once)"
+    )
+    auth_cache_ttl_s: float = Field(
+        5.0, ge=0, description="seconds a verified API key is remembered; a revoked key works at most this long"
+    )
 
-    @cached_property
+    @property
     def dashboard_url(self) -> str:
         return (self.ray_dashboard_url or self.ray_address).rstrip("/")
 
-    @cached_property
+    @property
     def mlflow_url(self) -> str:
         return (self.mlflow_ui_url or self.mlflow_tracking_uri).rstrip("/")
 

@@ -48,6 +48,11 @@ def init_backend_store(db_path: Path, artifacts_dir: Path) -> str:
     return uri
 
 
+# MLflow 3's server also starts a pool of "huey" job-runner processes (for server-side
+# jobs the platform does not use); on a small machine they cost more CPU than the server.
+SERVER_ENV = {"MLFLOW_TRACKING_URI": "", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def server_command(
     backend_uri: str, artifacts_dir: Path, host: str = "127.0.0.1", port: int = 5000, workers: int = 1
 ) -> list[str]:
@@ -92,7 +97,7 @@ def start_server(
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        env={**os.environ, "MLFLOW_TRACKING_URI": ""},
+        env={**os.environ, **SERVER_ENV},
     )
     wait_http_ok(f"http://{host}:{port}/health", proc=proc)
     return proc

@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from dlrm_platform.api.db import JobRecord, JobStatus
+from dlrm_platform.api.auth import Principal
+
+from dlrm_platform.api.db import JobEventRecord, JobRecord, JobStatus
 from dlrm_platform.api.deps import PrincipalDep, ServiceDep, SettingsDep
 from dlrm_platform.api.schemas.requests import JobSubmitRequest
 from dlrm_platform.api.schemas.responses import (
@@ -19,7 +22,7 @@ from dlrm_platform.api.schemas.responses import (
     JobSummary,
     SubmitResponse,
 )
-from dlrm_platform.api.service import JobService
+from dlrm_platform.api.service import JobService, NotFound
 from dlrm_platform.api.settings import ApiSettings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -50,7 +53,9 @@ def summary(job: JobRecord) -> JobSummary:
     )
 
 
-def detail(job: JobRecord, service: JobService, settings: ApiSettings) -> JobDetail:
+def detail(
+    job: JobRecord, service: JobService, settings: ApiSettings, events: list[JobEventRecord] | None = None
+) -> JobDetail:
     base = summary(job).model_dump()
     run_url = None
     if job.mlflow_run_id and job.mlflow_experiment_id:
@@ -81,7 +86,7 @@ def detail(job: JobRecord, service: JobService, settings: ApiSettings) -> JobDet
                 status=JobStatus(e.status) if e.status else None,
                 message=e.message,
             )
-            for e in service.events(job.id)
+            for e in (events if events is not None else service.events(job.id))
         ],
     )
 
@@ -124,8 +129,23 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobDetail, responses={**AUTH_ERRORS, **NOT_FOUND}, summary="One job")
-def get_job(job_id: JobId, principal: PrincipalDep, service: ServiceDep, settings: SettingsDep) -> JobDetail:
-    return detail(service.get(principal, job_id), service, settings)
+async def get_job(job_id: JobId, principal: PrincipalDep, service: ServiceDep, settings: SettingsDep) -> Response:
+    # Polled hard: served from the rendered-view cache when nothing changed.
+    hit = service.view_cache.get(job_id)
+    if hit is None:
+        hit = await run_in_threadpool(_render_job, job_id, principal, service, settings)
+    owner, body = hit
+    if owner != principal.user and not principal.is_admin:
+        raise NotFound(f"no job {job_id}")
+    return Response(body, media_type="application/json")
+
+
+def _render_job(job_id: str, principal: Principal, service: JobService, settings: ApiSettings) -> tuple[str, bytes]:
+    generation = service.view_cache.generation(job_id)
+    job, events = service.get_with_events(principal, job_id)
+    body = detail(job, service, settings, events).model_dump_json().encode()
+    service.view_cache.put(job_id, job.owner, body, generation)
+    return job.owner, body
 
 
 @router.get(
