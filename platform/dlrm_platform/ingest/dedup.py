@@ -261,36 +261,75 @@ def convert_table(table: pa.Table, columns: DatasetSchema) -> tuple[pa.Table, pa
         table, keys = table.take(pa.array(order)), keys[order]
     table = table.combine_chunks()
     ucols = user_columns(columns)
-    starts = np.ones(len(keys), dtype=bool)
-    if len(keys):
-        same = np.zeros(len(keys), dtype=bool)
-        same[1:] = keys[1:] == keys[:-1]
-        new_key_start = ~same
-        same_user = np.ones(len(keys), dtype=bool)
-        for name in ucols:
-            col = table.column(name)
-            same_user &= _same_as_previous(col.chunk(0) if col.num_chunks else pa.array([], col.type))
-        starts = new_key_start | ~same_user
-        variants = starts & same  # a new run of user features inside one key
+    starts, same = _run_starts(table, keys, ucols)
+    split = int((starts & same).sum())
+    if split:
+        # Some key's rows disagree on user features: bring equal features together (sort by a row
+        # hash within the key), then every remaining run of a key beyond its first is a new session.
+        order = np.lexsort((_row_hash(table, ucols), keys))
+        table, keys = table.take(pa.array(order)).combine_chunks(), keys[order]
+        starts, same = _run_starts(table, keys, ucols)
+        variants = starts & same
         split = int(variants.sum())
-        if split:
-            run = np.cumsum(starts) - 1
-            variant_runs = np.unique(run[variants])
-            fresh = _fresh_keys(len(variant_runs))
-            run_key = keys[starts].copy()
-            run_key[variant_runs] = fresh
-            keys = run_key[run]
-            order = np.argsort(keys, kind="stable")
-            table = table.set_column(table.schema.get_field_index(key), key, pa.array(keys, pa.int64()))
-            table, keys = table.take(pa.array(order)), keys[order]
-            starts = np.ones(len(keys), dtype=bool)
-            starts[1:] = keys[1:] != keys[:-1]
-    else:
-        split = 0
+        run = np.cumsum(starts) - 1
+        run_key = keys[starts].copy()
+        run_key[run[variants]] = _fresh_keys(split)
+        keys = run_key[run]
+        order = np.argsort(keys, kind="stable")
+        table, keys = table.take(pa.array(order)), keys[order]
+        starts = np.ones(len(keys), dtype=bool)
+        starts[1:] = keys[1:] != keys[:-1]
     table = table.set_column(table.schema.get_field_index(key), key, pa.array(keys, pa.int64()))
     users = table.select([key, *ucols]).filter(pa.array(starts))
     samples = table.select([key, *item_columns(columns)])
     return users, samples, {"sessions": users.num_rows, "samples": samples.num_rows, "split_sessions": split}
+
+
+def _run_starts(table: pa.Table, keys: np.ndarray, ucols: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(row starts a run of equal key and user features, row has the previous row's key); rows sorted by key."""
+    same = np.zeros(len(keys), dtype=bool)
+    same[1:] = keys[1:] == keys[:-1]
+    same_user = np.ones(len(keys), dtype=bool)
+    for name in ucols:
+        same_user &= _same_as_previous(_chunk(table.column(name)))
+    return ~same | ~same_user, same
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _row_hash(table: pa.Table, names: Sequence[str]) -> np.ndarray:
+    """uint64 [n]: a hash of each row's values in ``names`` (equal rows, equal hashes; nulls and NaN included)."""
+    n = table.num_rows
+    h = np.zeros(n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for name in names:
+            col = _chunk(table.column(name))
+            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+                col = col.fill_null(pa.scalar([], col.type)) if col.null_count else col
+                lengths = col.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
+                flat = pc.fill_null(col.flatten(), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+                pos = np.arange(len(flat), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+                elem = _mix(flat.astype(np.uint64) + _mix(pos.astype(np.uint64) + np.uint64(1)))
+                sums = np.zeros(n, dtype=np.uint64)
+                np.add.at(sums, np.repeat(np.arange(n), lengths), elem)
+                v = _mix(sums + lengths.astype(np.uint64))
+            else:
+                valid = col.is_valid().to_numpy(zero_copy_only=False)
+                vals = col.to_numpy(zero_copy_only=False)
+                if _is_float(col.type):
+                    vals = np.asarray(vals, dtype=np.float64)
+                    vals = np.where(np.isnan(vals), np.float64(np.nan), vals)
+                    bits = vals.view(np.uint64)
+                else:
+                    bits = np.asarray(vals).astype(np.int64).view(np.uint64)
+                v = np.where(valid, _mix(bits), np.uint64(0x5BD1E995))
+            h = _mix(h * np.uint64(0x100000001B3) + v)
+    return h
 
 
 def write_shard(users: pa.Table, samples: pa.Table, out_dir: Path, name: str, key: str) -> tuple[Path, Path]:

@@ -217,7 +217,7 @@ class DedupBatch(Pipelineable):
         values.append(item.values())
         kjt = KeyedJaggedTensor.from_lengths_sync(
             keys=[*user.keys(), *item.keys()],
-            values=torch.cat(values),
+            values=torch.cat([t.to(torch.int64) for t in values]),
             lengths=torch.cat([t.to(torch.int32) for t in lengths]),
         )
         return Batch(dense_features=dense, sparse_features=kjt, labels=self.labels)

@@ -1,0 +1,207 @@
+"""The dedup-aware DLRM is the plain TorchRec DLRM: same loss, logits and gradients on the same batch and weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrm_platform.config import JobConfig
+from dlrm_platform.ingest.batching import pack_table
+from dlrm_platform.ingest.dedup_batching import DedupBatch, pack_dedup_arrays
+from dlrm_platform.train import dedup_model
+from dlrm_platform.train.dedup_model import (
+    DedupDLRMTrain,
+    batch_codec,
+    build_dedup_dlrm,
+    build_job_model,
+    build_sharded_dedup_model,
+    dedup_state_dict_from_plain,
+    plain_state_dict_from_dedup,
+)
+from dlrm_platform.train.loop import StepBatch, Worker
+from dlrm_platform.train.model import DLRMTrain, build_dense_optimizer, build_dlrm, build_sharded_model
+from dlrm_platform.train.tracking import NullTracker
+
+HASH = 97
+
+LAYOUTS = {
+    # the demo's shape: user and item side both have dense, ids and (user) a history
+    "demo": {"user": {"dense": ["ud0", "ud1"], "categorical": ["uc0", "uc1"], "multi_hot": ["hist"]},
+             "item": {"dense": ["id0"], "categorical": ["ic0", "ic1"]}},
+    # one user feature: no user-user pairs; no user dense
+    "thin_user": {"user": {"categorical": ["uc0"]}, "item": {"dense": ["id0", "id1"], "categorical": ["ic0"]}},
+    # no item dense: the whole bottom MLP runs per user row; item multi-hot
+    "no_item_dense": {"user": {"dense": ["ud0"], "categorical": ["uc0"], "multi_hot": ["hist"]},
+                      "item": {"categorical": ["ic0"], "multi_hot": ["itags"]}},
+    # no item sparse feature at all
+    "no_item_sparse": {"user": {"dense": ["ud0"], "categorical": ["uc0", "uc1"]}, "item": {"dense": ["id0"]}},
+}
+
+
+def _job(layout: str, tmp_path, **train) -> JobConfig:
+    return JobConfig.model_validate({
+        "data": {"path": str(tmp_path), "columns": {"label": "label", "session_key": "sid", **LAYOUTS[layout]}},
+        "ingest": {"batch_size": 64, "hash_size": HASH},
+        "train": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [12, 6, 1], "seed": 5, **train},
+    })
+
+
+def _batch(job: JobConfig, num_samples: int, num_users: int, seed: int = 0) -> DedupBatch:
+    """A dedup batch with sessions of uneven sizes, some empty histories."""
+    cols = job.data.columns
+    g = torch.Generator().manual_seed(seed)
+    inverse = torch.sort(torch.cat([torch.arange(num_users),
+                                    torch.randint(0, num_users, (num_samples - num_users,), generator=g)])).values
+
+    def kjt(features, rows):
+        lengths, values = [], []
+        for f in features:
+            multi = f in cols.multi_hot_columns
+            n = torch.randint(0, 6, (rows,), generator=g) if multi else torch.ones(rows, dtype=torch.long)
+            lengths.append(n)
+            values.append(torch.randint(0, HASH, (int(n.sum()),), generator=g))
+        return KeyedJaggedTensor.from_lengths_sync(list(features), torch.cat(values), torch.cat(lengths).int()) \
+            if features else KeyedJaggedTensor.empty(values_dtype=torch.int64)
+
+    return DedupBatch(
+        user_dense=torch.rand(num_users, len(cols.user.dense), generator=g) * 3,
+        user_sparse=kjt(cols.user_sparse_features, num_users),
+        inverse=inverse,
+        item_dense=torch.rand(num_samples, len(cols.item.dense), generator=g) * 3,
+        item_sparse=kjt(cols.item_sparse_features, num_samples),
+        labels=torch.randint(0, 2, (num_samples,), generator=g).float(),
+    )
+
+
+def _twins(job: JobConfig) -> tuple[DLRMTrain, DedupDLRMTrain]:
+    torch.manual_seed(0)
+    plain = build_dlrm(job, "cpu")
+    ded = build_dedup_dlrm(job, "cpu")
+    missing, unexpected = ded.load_state_dict(dedup_state_dict_from_plain(plain.state_dict(), job.data.columns))
+    assert not missing and not unexpected
+    return plain, ded
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    return t.to_dense() if t.is_sparse else t
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("num_users", [1, 9, 40])
+def test_same_loss_logits_and_gradients_as_the_plain_dlrm(layout, num_users, tmp_path):
+    job = _job(layout, tmp_path)
+    plain, ded = _twins(job)
+    batch = _batch(job, 40, num_users)
+    loss_p, logits_p = plain(batch.expand())
+    loss_d, logits_d = ded(batch)
+    torch.testing.assert_close(loss_d, loss_p, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits_d, logits_p, rtol=1e-5, atol=1e-5)
+    loss_p.backward()
+    loss_d.backward()
+    grads_p = dedup_state_dict_from_plain({k: p.grad for k, p in plain.named_parameters()}, job.data.columns)
+    grads_d = {k: p.grad for k, p in ded.named_parameters()}
+    assert grads_p.keys() == grads_d.keys()
+    for name, g in grads_d.items():
+        torch.testing.assert_close(_dense(g), _dense(grads_p[name]), rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_state_dict_maps_both_ways(tmp_path):
+    job = _job("demo", tmp_path)
+    plain, ded = _twins(job)
+    back = plain_state_dict_from_dedup(ded.state_dict(), job.data.columns)
+    assert back.keys() == plain.state_dict().keys()
+    for k, v in plain.state_dict().items():
+        torch.testing.assert_close(back[k], v)
+
+
+def test_bf16_autocast_stays_close(tmp_path):
+    job = _job("demo", tmp_path)
+    plain, ded = _twins(job)
+    batch = _batch(job, 64, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_p, _ = plain(batch.expand())
+        loss_d, _ = ded(batch)
+    torch.testing.assert_close(loss_d.float(), loss_p.float(), rtol=2e-2, atol=0.5)
+
+
+def _copy_weights(src: torch.nn.Module, dst: torch.nn.Module, mapping) -> None:
+    """Copy an unsharded state into a DMP-wrapped model (works for table-wise sharding on one rank)."""
+    state = mapping(src.state_dict())
+    with torch.no_grad():
+        for name, t in dst.state_dict().items():
+            value = state[name.removeprefix("module.").removeprefix("_dmp_wrapped_module.module.")] \
+                if name not in state else state[name]
+            local = t.local_shards()[0].tensor if hasattr(t, "local_shards") else t
+            local.copy_(value)
+
+
+def _full(t) -> torch.Tensor:
+    return t.local_shards()[0].tensor if hasattr(t, "local_shards") else t
+
+
+def test_sharded_with_fused_optimizer_trains_identically(gloo_group, tmp_path):
+    """Under DistributedModelParallel with row-wise Adagrad fused into backward: 3 steps, same losses and weights."""
+    job = _job("demo", tmp_path)
+    cols = job.data.columns
+    plain = build_sharded_model(job, torch.device("cpu"))
+    ded = build_sharded_dedup_model(job, torch.device("cpu"))
+    torch.manual_seed(1)
+    reference = build_dlrm(job, "cpu")
+    _copy_weights(reference, plain, lambda s: s)
+    _copy_weights(reference, ded, lambda s: dedup_state_dict_from_plain(s, cols))
+    for model, mapping in ((plain, lambda s: s), (ded, lambda s: dedup_state_dict_from_plain(s, cols))):
+        want = mapping(reference.state_dict())
+        for k, v in model.state_dict().items():
+            torch.testing.assert_close(_full(v), want[k], msg=k)  # the copy took
+    opt_p, opt_d = build_dense_optimizer(plain, job.train), build_dense_optimizer(ded, job.train)
+    for step in range(3):
+        batch = _batch(job, 48, 7, seed=step)
+        for model, opt, b in ((plain, opt_p, batch.expand()), (ded, opt_d, batch)):
+            opt.zero_grad()
+            loss, _ = model(b)
+            loss.backward()
+            opt.step()
+            if model is plain:
+                loss_p = loss.detach()
+            else:
+                torch.testing.assert_close(loss.detach(), loss_p, rtol=1e-5, atol=1e-4)
+    state_p = dedup_state_dict_from_plain({k: _full(v) for k, v in plain.state_dict().items()}, cols)
+    state_d = {k: _full(v) for k, v in ded.state_dict().items()}
+    assert state_p.keys() == state_d.keys()
+    for k, v in state_d.items():
+        torch.testing.assert_close(v, state_p[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_job_hooks_pick_the_dedup_model_and_unpack_dedup_batches(gloo_group, tmp_path):
+    job = _job("demo", tmp_path)  # session key set, ingest.dedup unset: on
+    assert job.dedup_enabled
+    model = build_job_model(job, torch.device("cpu"))
+    assert isinstance(model.module, DedupDLRMTrain)
+    unpack, dummy = batch_codec(job, torch.device("cpu"))
+    b = _batch(job, 30, 4)
+    packed = pack_dedup_arrays(
+        labels=b.labels.numpy(), item_dense=b.item_dense.numpy(), item_lengths=b.item_sparse.lengths().numpy(),
+        item_values=b.item_sparse.values().numpy(), user_dense=b.user_dense.numpy(),
+        user_lengths=b.user_sparse.lengths().numpy(), user_values=b.user_sparse.values().numpy(),
+        inverse=b.inverse.numpy(), num_users=4)
+    got = unpack(packed)
+    assert got.num_samples == 30 and got.num_users == 4 and got.packed_bytes > 0
+    torch.testing.assert_close(got.inverse, b.inverse)
+    worker = Worker(job, model, build_dense_optimizer(model, job.train), torch.device("cpu"), 0, 1,
+                    NullTracker())
+    assert worker.train_step(StepBatch(got, 30, 30, 0.0)) > 0
+    assert worker.train_step(StepBatch(dummy, 0, 30, 0.0)) == 0.0  # zero-weight lockstep step
+    # A plain packed batch under ingest.dedup is a clear error, not a silent mis-read.
+    plain_packed = pack_table(pa.table({"label": np.zeros(2, np.float32), "ud0": [1.0, 2.0], "ud1": [1.0, 2.0],
+                                        "id0": [1.0, 2.0], "uc0": [1, 2], "uc1": [1, 2],
+                                        "hist": pa.array([[1], []], pa.list_(pa.int64())), "ic0": [1, 2],
+                                        "ic1": [3, 4]}),
+                              ["ud0", "ud1", "id0"], job.data.columns.sparse_features, ["hist"], "label")
+    with pytest.raises(ValueError, match="plain packed batch"):
+        unpack(plain_packed)
+    plain_job = _job("demo", tmp_path).model_copy(update={"ingest": job.ingest.model_copy(update={"dedup": False})})
+    assert isinstance(build_job_model(plain_job, torch.device("cpu")).module, DLRMTrain)
+    assert dedup_model.batch_codec(plain_job, torch.device("cpu"))[0](plain_packed).labels.numel() == 2
