@@ -1,0 +1,390 @@
+"""The job service end to end: real HTTP to `dlrm-platform serve` in a subprocess, a real local
+Ray head (token auth on), a real MLflow server, and the real `dlrm-platform run` on tiny data.
+
+One stack per module. The jobs are submitted together at the start (a success, a retry, one to
+cancel, and one through `ray job submit`) so that they overlap; each test then follows its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from dlrm_platform.api import devstack, policy, tracking
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED", "TIMED_OUT"}
+
+
+def tiny_config(data_dir: Path, runs_dir: Path) -> dict[str, Any]:
+    """configs/demo.yaml shrunk to seconds of training on 2 shared cores."""
+    cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    cfg["name"] = "apitiny"
+    cfg["data"]["path"] = str(data_dir)
+    cfg["data"]["synthetic"].update(
+        num_sessions=150, user_vocab_size=500, item_vocab_size=300, rows_per_shard=600, history_length=[3, 10]
+    )
+    cfg["ingest"].update(batch_size=64, hash_size=500, max_history_length=10, data_cpus=1.0)
+    cfg["train"].update(
+        epochs=1, cpus_per_worker=0.5, log_every_steps=2, checkpoint_every_steps=3,
+        bottom_mlp=[16, 16], top_mlp=[16, 1], max_failures=0,
+    )  # fmt: skip
+    cfg["tracking"] = {"experiment": "api-e2e", "log_model": False, "runs_dir": str(runs_dir)}
+    return cfg
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
+
+
+@dataclass
+class E2E:
+    root: Path
+    api_port: int
+    api_env: dict[str, str]
+    api: subprocess.Popen[bytes]
+    head: devstack.RayHead
+    mlflow_uri: str
+    keys: dict[str, str]
+    jobs: dict[str, str] = field(default_factory=dict)
+    cli: subprocess.Popen[str] | None = None
+    cli_log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def http(self, user: str | None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.keys[user]}"} if user else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def job(self, job_id: str, user: str = "root") -> dict[str, Any]:
+        with self.http(user) as c:
+            r = c.get(f"/v1/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def wait_status(self, job_id: str, statuses: set[str], timeout: float) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            j = self.job(job_id)
+            if j["status"] in statuses:
+                return j
+            if j["status"] in TERMINAL:
+                raise AssertionError(f"{job_id} ended {j['status']}: {j['status_reason']}\n{self.logs(job_id)[-3000:]}")
+            return None
+
+        return wait_for(f"{job_id} in {statuses}", check, timeout)
+
+    def logs(self, job_id: str, attempt: int | None = None) -> str:
+        with self.http("root") as c:
+            return c.get(f"/v1/jobs/{job_id}/logs", params={"attempt": attempt} if attempt else {}).text
+
+    def restart_api(self) -> None:
+        devstack.stop_process(self.api)
+        self.api = devstack.start_api(port=self.api_port, env=self.api_env, cwd=ROOT, log_file=self.root / "api.log")
+
+    def ray_cli(self, *args: str, token: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, **(self.head.env if token else {})}
+        if not token:
+            env.pop("RAY_AUTH_TOKEN_PATH", None)
+            env["RAY_AUTH_MODE"] = "disabled"
+        return subprocess.run(
+            [str(devstack.VENV_BIN / "ray"), "job", *args, "--address", self.head.dashboard_url],
+            env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
+    root = tmp_path_factory.mktemp("api-e2e")
+    configs = root / "configs"
+    configs.mkdir()
+    cfg = tiny_config(root / "data", root / "runs")
+    (configs / "tiny.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    subprocess.run(
+        [PY, "-m", "dlrm_platform.cli", "gen-data", str(configs / "tiny.yaml"), "--quiet"], check=True, cwd=ROOT
+    )
+
+    procs: list[Callable[[], None]] = []
+    try:
+        ml_port = devstack.free_port()
+        ml = tracking.start_server(root / "mlflow", port=ml_port)
+        procs.append(lambda: devstack.stop_process(ml))
+        mlflow_uri = f"http://127.0.0.1:{ml_port}"
+
+        ray_env = devstack.ensure_ray_token(root / "ray_auth_token")
+        head = devstack.start_ray_head(
+            num_cpus=8,
+            env=ray_env,
+            temp_dir=Path(tempfile.mkdtemp(prefix="dlrmapi-", dir="/tmp")),
+            object_store_memory=400 * 1024 * 1024,
+            log_file=root / "ray-head.log",
+        )
+        procs.append(head.stop)
+
+        db_url = f"sqlite:///{root / 'jobs.db'}"
+        keys = {}
+        out = subprocess.run(
+            [PY, "-m", "dlrm_platform.cli", "api-key", "create", "--user", "alice", "--database-url", db_url],
+            check=True, capture_output=True, text=True, cwd=ROOT,
+        )  # fmt: skip
+        keys["alice"] = out.stdout.strip()
+        from dlrm_platform.api.auth import create_api_key
+        from dlrm_platform.api.db import Database
+
+        db = Database(db_url)
+        with db.transaction() as s:
+            _, keys["bob"] = create_api_key(s, "bob")
+            _, keys["root"] = create_api_key(s, "root", admin=True)
+        db.dispose()
+
+        api_port = devstack.free_port()
+        api_env = {
+            **ray_env,
+            "DLRM_API_DATABASE_URL": db_url,
+            "DLRM_API_RAY_ADDRESS": head.dashboard_url,
+            "DLRM_API_MLFLOW_TRACKING_URI": mlflow_uri,
+            "DLRM_API_CONFIGS_DIR": str(configs),
+            "DLRM_API_STORAGE_DIR": str(root / "storage"),
+            "DLRM_API_JOB_WORKDIR": str(ROOT),
+            "DLRM_API_MAX_RUNNING_JOBS": "3",
+            "DLRM_API_MAX_RUNNING_PER_USER": "2",
+            "DLRM_API_SCHEDULER_INTERVAL_S": "0.5",
+            "DLRM_API_PROGRESS_INTERVAL_S": "2",
+            "DLRM_API_DEFAULT_MAX_RETRIES": "0",
+        }
+        api = devstack.start_api(port=api_port, env=api_env, cwd=ROOT, log_file=root / "api.log")
+        stack = E2E(root, api_port, api_env, api, head, mlflow_uri, keys)
+        procs.append(lambda: devstack.stop_process(stack.api))
+
+        # Submit everything up front so that the jobs overlap.
+        def submit(user: str, **body: Any) -> str:
+            with stack.http(user) as c:
+                r = c.post("/v1/jobs", json={"config_name": "tiny", **body})
+            assert r.status_code == 201, r.text
+            return r.json()["id"]
+
+        stack.jobs["success"] = submit("alice", idempotency_key="success-1")
+        stack.jobs["cancel"] = submit("alice", overrides={"train.epochs": 100})
+        stack.jobs["retry"] = submit("bob", max_retries=1, overrides={"train.epochs": 2, "train.log_every_steps": 1})
+        # And one without the service: `ray job submit` with the files in configs/ray_job/.
+        stack.cli_log = root / "ray-job-submit.log"
+        stack.cli = subprocess.Popen(
+            [
+                str(devstack.VENV_BIN / "ray"), "job", "submit",
+                "--address", head.dashboard_url,
+                "--submission-id", "cli-e2e-1",
+                "--runtime-env", "configs/ray_job/runtime_env.yaml",
+                "--", str(ROOT / "configs" / "ray_job" / "entrypoint.sh"), str(configs / "tiny.yaml"),
+                "--set", f"tracking.tracking_uri={mlflow_uri}",
+                "--set", "tracking.experiment=api-e2e-cli",
+            ],
+            cwd=ROOT, env={**os.environ, **ray_env}, text=True,
+            stdout=open(stack.cli_log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        procs.append(lambda: devstack.stop_process(stack.cli, timeout=10))
+        yield stack
+    finally:
+        for stop in reversed(procs):
+            try:
+                stop()
+            except Exception as err:  # noqa: BLE001 - tear everything down regardless
+                print(f"teardown: {err}", file=sys.stderr)
+
+
+def mlflow_client(e2e: E2E) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(e2e.mlflow_uri)
+
+
+# --------------------------------------------------------------------------- auth
+
+
+def test_every_auth_failure_case(e2e: E2E):
+    job = e2e.jobs["success"]
+    endpoints = [("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", f"/v1/jobs/{job}"),
+                 ("GET", f"/v1/jobs/{job}/logs"), ("POST", f"/v1/jobs/{job}/cancel"), ("GET", "/metrics")]  # fmt: skip
+    with httpx.Client(base_url=e2e.url, timeout=30) as c:
+        for method, path in endpoints:
+            body = {"json": {"config_name": "tiny"}} if method == "POST" and path == "/v1/jobs" else {}
+            assert c.request(method, path, **body).status_code == 401, path  # no key
+            for bad in ({"Authorization": "Bearer dlrm_0123456789abcdef_" + "x" * 43}, {"X-API-Key": "garbage"},
+                        {"Authorization": e2e.keys["alice"]}):  # fmt: skip
+                assert c.request(method, path, headers=bad, **body).status_code == 401, (path, bad)
+        assert c.get("/healthz").status_code == 200
+    with e2e.http("bob") as bob:
+        # Another user's job: invisible, not cancellable, not listable.
+        assert bob.get(f"/v1/jobs/{job}").status_code == 404
+        assert bob.get(f"/v1/jobs/{job}/logs").status_code == 404
+        assert bob.post(f"/v1/jobs/{job}/cancel").status_code == 404
+        assert bob.get("/v1/jobs", params={"owner": "alice"}).status_code == 403
+        assert {j["id"] for j in bob.get("/v1/jobs").json()["items"]} == {e2e.jobs["retry"]}
+    with e2e.http("root") as admin:
+        owners = {j["owner"] for j in admin.get("/v1/jobs").json()["items"]}
+        assert owners == {"alice", "bob"}
+    with e2e.http("alice") as alice:
+        # The idempotency key gives back the same job; another body with it is refused.
+        r = alice.post("/v1/jobs", json={"config_name": "tiny", "idempotency_key": "success-1"})
+        assert r.status_code == 200 and r.json()["id"] == job
+        r = alice.post("/v1/jobs", json={"config_name": "tiny", "idempotency_key": "success-1", "priority": 5})
+        assert r.status_code == 409
+        r = alice.post("/v1/jobs", json={"config_name": "tiny", "overrides": {"train.epochs": "many"}})
+        assert r.status_code == 422 and "train.epochs" in r.text
+    # Ray's own token auth stays on: raw HTTP to the Jobs API and a CLI without the token are refused.
+    assert httpx.get(f"{e2e.head.dashboard_url}/api/jobs/", timeout=30).status_code == 401
+    r = e2e.ray_cli("list", token=False)
+    assert r.returncode != 0 and "auth" in (r.stdout + r.stderr).lower()
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+def test_cancel_running_job_stops_it_and_kills_the_mlflow_run(e2e: E2E):
+    job_id = e2e.jobs["cancel"]
+    running = e2e.wait_status(job_id, {"RUNNING"}, timeout=600)
+    with e2e.http("alice") as alice:
+        r = alice.post(f"/v1/jobs/{job_id}/cancel")
+    assert r.status_code == 202 and r.json()["cancel_requested"] is True
+    done = e2e.wait_status(job_id, {"STOPPED"}, timeout=180)
+    assert done["finished_at"] and done["status_reason"] == "cancelled"
+    info = e2e.ray_cli("status", running["ray_submission_id"])
+    assert "stopped" in (info.stdout + info.stderr).lower()
+    run = mlflow_client(e2e).get_run(done["mlflow_run_id"])
+    assert run.info.status == "KILLED"
+    assert run.data.tags["job_id"] == job_id and run.data.tags["user"] == "alice"
+
+
+# --------------------------------------------------------------------------- restart
+
+
+def test_restart_api_mid_job_keeps_job_and_history(e2e: E2E):
+    job_id = e2e.jobs["success"]
+    before = e2e.wait_status(job_id, {"RUNNING", "SUCCEEDED"}, timeout=600)
+    listed_before = e2e.http("root").get("/v1/jobs").json()
+    e2e.restart_api()
+    after = e2e.job(job_id)
+    assert after["created_at"] == before["created_at"] and after["ray_submission_id"] == before["ray_submission_id"]
+    assert after["mlflow_run_id"] == before["mlflow_run_id"]
+    assert after["events"][: len(before["events"])] == before["events"]
+    listed_after = e2e.http("root").get("/v1/jobs").json()
+    assert {j["id"] for j in listed_after["items"]} == {j["id"] for j in listed_before["items"]}
+    # The new process reconciled its records with Ray's job table and keeps following the job.
+    wait_for("reconciliation", lambda: any(e["kind"] == "reconciled" for e in e2e.job(job_id)["events"])
+             or e2e.job(job_id)["status"] == "SUCCEEDED", timeout=60)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- success
+
+
+def test_submitted_job_succeeds_with_metrics_in_its_mlflow_run(e2e: E2E):
+    job_id = e2e.jobs["success"]
+    done = e2e.wait_status(job_id, {"SUCCEEDED"}, timeout=900)
+    assert done["attempt"] == 1 and done["finished_at"]
+    assert done["ray_dashboard_url"] == f"{e2e.head.dashboard_url}/#/jobs/{done['ray_submission_id']}"
+    assert done["mlflow_run_url"].endswith(f"/runs/{done['mlflow_run_id']}")
+    assert done["progress"]["samples_per_s"] > 0 and done["progress"]["steps_done"] > 0
+    client = mlflow_client(e2e)
+    run = client.get_run(done["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["job_id"] == job_id and run.data.tags["user"] == "alice"
+    for key in ("loss", "samples_per_s", "data_wait_fraction", "auc", "logloss"):
+        assert key in run.data.metrics, (key, sorted(run.data.metrics))
+    assert len(client.get_metric_history(run.info.run_id, "loss")) >= 2
+    # Exactly one run for the job.
+    exp = client.get_experiment_by_name("api-e2e")
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.job_id = '{job_id}'")
+    assert [r.info.run_id for r in runs] == [run.info.run_id]
+    logs = e2e.logs(job_id)
+    assert "apitiny" in logs or "MLflow run" in logs
+    with e2e.http("alice") as c:
+        text = c.get("/metrics").text
+    assert 'dlrm_jobs{status="SUCCEEDED"}' in text and "dlrm_job_attempts_total" in text
+
+
+# --------------------------------------------------------------------------- retry
+
+
+def _driver_pids(config_path: Path) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(config_path).encode() in argv and b"dlrm_platform.cli" in argv and b"run" in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_retry_resumes_from_checkpoint_after_injected_failure(e2e: E2E):
+    job_id = e2e.jobs["retry"]
+    e2e.wait_status(job_id, {"RUNNING"}, timeout=600)
+    train_dir = e2e.root / "storage" / job_id / "train"
+    ckpt = wait_for("a checkpoint of attempt 1", lambda: policy.find_latest_checkpoint(train_dir), 600, 0.3)
+    # Inject the failure: kill attempt 1's driver (a process this test's Ray head started).
+    pids = _driver_pids(e2e.root / "storage" / job_id / "job.yaml")
+    assert pids, "driver process of attempt 1 not found"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    done = e2e.wait_status(job_id, {"SUCCEEDED"}, timeout=900)
+    assert done["attempt"] == 2
+    retry = [e for e in done["events"] if e["kind"] == "retry_scheduled"]
+    assert len(retry) == 1 and "resuming from checkpoint" in retry[0]["message"]
+    resumed = done["resume_from"]
+    assert resumed and Path(resumed).name.startswith("checkpoint_") and Path(resumed).parent.parent == train_dir
+    assert Path(resumed).name >= ckpt.name  # the latest one attempt 1 wrote
+    # Attempt 2 restored it (the training loop logs "restored <path>: epoch E, global step S").
+    logs2 = e2e.logs(job_id, attempt=2)
+    assert "restored" in logs2, logs2[-3000:]
+    step = int(logs2.split("global step ")[1].split()[0].rstrip(";,"))
+    assert step > 0
+    # Both attempts logged into the one MLflow run, which ended FINISHED.
+    client = mlflow_client(e2e)
+    run = client.get_run(done["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["job_id"] == job_id
+    exp = client.get_experiment_by_name("api-e2e")
+    assert len(client.search_runs([exp.experiment_id], filter_string=f"tags.job_id = '{job_id}'")) == 1
+    assert e2e.logs(job_id, attempt=1)  # attempt 1's logs are kept
+
+
+# --------------------------------------------------------------------------- ray job submit
+
+
+def test_ray_job_submit_cli_runs_the_job(e2e: E2E):
+    assert e2e.cli is not None and e2e.cli_log is not None
+    rc = e2e.cli.wait(timeout=900)
+    out = e2e.cli_log.read_text()
+    assert rc == 0, out[-4000:]
+    assert "cli-e2e-1" in out and "succeeded" in out.lower()
+    status = e2e.ray_cli("status", "cli-e2e-1")
+    assert "succeeded" in (status.stdout + status.stderr).lower()
+    client = mlflow_client(e2e)
+    exp = client.get_experiment_by_name("api-e2e-cli")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED" and "auc" in runs[0].data.metrics
