@@ -94,7 +94,7 @@ def build_dataset(files: list[str], spec: TransformSpec, ingest: IngestConfig) -
         files,
         columns=spec.columns.columns,
         concurrency=ops.read.concurrency,
-        ray_remote_args={"num_cpus": ops.read.num_cpus},
+        num_cpus=ops.read.num_cpus,
     )
     for name, fn in _MAP_OPERATORS:
         ds = _map_operator(ds, fn, getattr(ops, name), spec)
@@ -115,7 +115,15 @@ class PipelineDatasets:
 
 def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[str],
                        quarantine_dir: Path) -> PipelineDatasets:
-    """Train and eval pipelines for ``job``; rows that cannot be used go to ``quarantine_dir``."""
+    """Train and eval pipelines for ``job``; rows that cannot be used go to ``quarantine_dir``.
+
+    With ``ingest.dedup`` on (default for data with a session key) the pipelines read a
+    session-deduplicated copy of the data and ship IKJT batches (:mod:`.dedup`).
+    """
+    if job.dedup_enabled:
+        from dlrm_platform.ingest.dedup import build_dedup_job_datasets
+
+        return build_dedup_job_datasets(job, train_files, eval_files, quarantine_dir)
     spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine_dir)
     return PipelineDatasets(
         train=build_dataset(train_files, spec, job.ingest),
