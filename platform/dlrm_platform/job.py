@@ -87,7 +87,8 @@ def ray_session(cfg: RayClusterConfig, *, verbose: bool = False) -> Iterator[Non
         ray.init(address=address, **kwargs)
     else:
         log.info("starting a local Ray cluster (%s CPUs)", cfg.num_cpus or "all")
-        ray.init(num_cpus=cfg.num_cpus, **kwargs)
+        # address="local": never attach to some other Ray instance found on this machine.
+        ray.init(address="local", num_cpus=cfg.num_cpus, **kwargs)
     try:
         yield
     finally:

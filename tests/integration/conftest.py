@@ -12,7 +12,7 @@ def ray_cluster():
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False
