@@ -280,3 +280,41 @@ def test_follow_logs_streams_until_the_job_ends(stack: Stack):
     stack.service.tick()
     r = stack.client.get(f"/v1/jobs/{job}/logs?follow=true", headers=stack.h("alice"))
     assert r.status_code == 200 and r.text == f"log of {job}-1\n"
+
+
+def test_job_view_cache_never_serves_a_stale_state(tmp_path: Path):
+    s = Stack(tmp_path, view_cache_ttl_s=3600.0)
+    try:
+        job = s.submit("alice")["id"]
+        assert s.job(job, "alice")["status"] == "QUEUED"
+        assert s.service.view_cache.get(job) is not None  # rendered once, then served from memory
+        s.service.tick()  # ORM changes drop the entry on commit
+        assert s.job(job, "alice")["status"] == "STARTING"
+        s.backend.set_status(f"{job}-1", "RUNNING")
+        s.service.tick()
+        assert s.job(job, "alice")["status"] == "RUNNING"
+        s.client.post(f"/v1/jobs/{job}/cancel", headers=s.h("alice"))
+        assert s.job(job, "alice")["cancel_requested"] is True
+        s.service.tick()
+        assert s.job(job, "alice")["status"] == "STOPPED"
+        # A cached view is still only for its owner and admins.
+        assert s.client.get(f"/v1/jobs/{job}", headers=s.h("bob")).status_code == 404
+        queued = s.submit("alice")["id"]
+        s.job(queued, "alice")
+        s.client.post(f"/v1/jobs/{queued}/cancel", headers=s.h("alice"))  # a Core UPDATE, not an ORM flush
+        assert s.job(queued, "alice")["status"] == "STOPPED"
+    finally:
+        s.close()
+
+
+def test_key_cache_remembers_for_its_ttl(tmp_path: Path):
+    from dlrm_platform.api.auth import KeyCache, Principal
+
+    p = Principal("alice", False, "k")
+    off = KeyCache(0)
+    off.put("key", p)
+    assert off.get("key") is None
+    on = KeyCache(60)
+    on.put("key", p)
+    assert on.get("key") == p and on.get("other") is None
+    assert "key" not in on._entries  # stored by hash, never the key
