@@ -172,6 +172,10 @@ def attach(
             store = ray.cluster_resources().get("object_store_memory")
     except Exception:  # noqa: BLE001
         store = None
+    options = dict(options or {})
+    if operators is None and ingest_cfg is not None:
+        # the ingest pipeline's last operator packs batch_size samples into one row
+        options.setdefault("samples_per_sink_row", float(ingest_cfg.batch_size))
     spec = build_spec(tuner_cfg, cpu_budget, specs, tuner_id=tuner_id, object_store_bytes=store, options=options)
     recorder = None
     if telemetry_sink == "actor":

@@ -85,7 +85,8 @@ class Controller:
         self.observer.push(snap)
         alloc = {n: self.allocation[n] for n in self.tuned}
         specs = [o for o in self.spec.ops if o.name in self.tuned]
-        obs = self.observer.observation(alloc, self.cpus, budget)
+        obs = self.observer.observation(alloc, self.cpus, budget,
+                                        samples_per_sink_row=float(self.spec.options.get("samples_per_sink_row", 1.0)))
         if obs is None:
             return None
         self.last_obs = obs
@@ -134,6 +135,8 @@ class Controller:
                 "queue_bytes": o.queue_bytes,
                 "backpressure": o.backpressure,
                 "pool_util": o.pool_util,
+                "pool_size": o.pool_size,
+                "tasks_now": o.tasks_now,
                 "element_ratio": o.element_ratio,
             }
         self._record({

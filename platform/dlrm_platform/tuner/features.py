@@ -21,13 +21,14 @@ from dlrm_platform.tuner.actions import K_MAX, N_ACTIONS, action_mask, free_cpus
 from dlrm_platform.tuner.observe import Observation
 from dlrm_platform.tuner.spec import OpSpec
 
-F = 10   # per-operator features
+F = 12   # per-operator features
 G = 7    # global features
 OBS_DIM = K_MAX * F + G + N_ACTIONS
 
 OP_FEATURES = (
     "valid", "cpu_share", "util", "log_capacity_ratio", "measured", "queue",
     "backpressure", "at_min", "recently_changed", "is_bottleneck",
+    "log_capacity_ratio_plus_one", "log_capacity_ratio_minus_one",
 )
 GLOBAL_FEATURES = (
     "free_cpu_share", "memory", "log_throughput_vs_best", "dlog_throughput",
@@ -85,11 +86,17 @@ def featurize(
     per_op = np.zeros((K_MAX, F), dtype=np.float32)
     known = [o for o in obs.ops if o.capacity is not None]
     bottleneck = min(known, key=lambda o: o.capacity).name if known else None
+    def lr(cap: float | None) -> float:
+        if cap is None or thr <= 0:
+            return 0.0
+        return float(np.clip(math.log(max(cap, 1e-9) / thr), -1.0, 3.0)) / 3.0
+
     for k, (s, o) in enumerate(zip(specs[:K_MAX], obs.ops[:K_MAX])):
         n = alloc[s.name]
-        ratio = 0.0
-        if o.capacity is not None and thr > 0:
-            ratio = float(np.clip(math.log(max(o.capacity, 1e-9) / thr), -1.0, 3.0)) / 3.0
+        ratio = lr(o.capacity)
+        # what its capacity would be with one slot more / less (linear per-slot model)
+        plus = lr(o.capacity * (n + 1) / n) if o.capacity is not None and n > 0 else 0.0
+        minus = lr(o.capacity * (n - 1) / n) if o.capacity is not None and n > 1 else -1.0 / 3.0
         per_op[k] = (
             1.0,
             n * s.num_cpus / budget,
@@ -101,6 +108,8 @@ def featurize(
             1.0 if n <= s.min_slots else 0.0,
             math.exp(-fs.steps_since_change.get(s.name, 99) / 3.0),
             1.0 if s.name == bottleneck else 0.0,
+            plus,
+            minus,
         )
     glob = np.array(
         (

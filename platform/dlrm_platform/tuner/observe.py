@@ -8,7 +8,8 @@ sees only ``Observation``, so the same code runs live and in simulation.
 
 Units: operator rates are in the operator's own output rows; ``capacity`` and
 ``throughput`` are in *samples* delivered to the trainers, i.e. sink rows times
-the rows each sink row carries (a packed training batch carries ``batch_size``).
+the samples each sink row carries (``samples_per_sink_row``: 1 for row
+pipelines, ``batch_size`` when the last operator packs rows into training batches).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class OpObs:
     pool_util: float | None = None
     completed: bool = False
     capacity: float | None = None  # samples/s this op could sustain at `slots` (filled by observe)
+    pool_size: int | None = None   # actors alive + pending (actor pools)
+    tasks_now: float = 0.0         # tasks running at the end of the window
 
 
 @dataclass
@@ -114,11 +117,6 @@ def sink_factors(ratios: list[float], samples_per_sink_row: float) -> list[float
     return out
 
 
-def samples_per_sink_row(last_ratio: float) -> float:
-    """A sink row of an operator that packs rows (ratio < 1) carries 1/ratio samples."""
-    if last_ratio <= 0 or not math.isfinite(last_ratio):
-        return 1.0
-    return 1.0 / last_ratio if last_ratio < 1.0 else 1.0
 
 
 def observe(
@@ -130,6 +128,7 @@ def observe(
     *,
     since_change_s: float = 0.0,
     min_slot_seconds: float = 0.1,
+    samples_per_sink_row: float = 1.0,
 ) -> Observation:
     """Rates over the window ``prev -> cur`` for the operators in ``alloc`` (pipeline order)."""
     dt = max(cur.t - prev.t, 1e-6)
@@ -157,9 +156,11 @@ def observe(
                 queue_bytes=b.queue_bytes,
                 pool_util=b.pool_util,
                 completed=b.completed,
+                pool_size=b.pool_size,
+                tasks_now=b.running,
             )
         )
-    spr = samples_per_sink_row(ops[-1].element_ratio) if ops else 1.0
+    spr = samples_per_sink_row
     factors = sink_factors([o.element_ratio for o in ops], spr)
     for o, f in zip(ops, factors):
         if o.rate_per_slot is not None:
@@ -235,8 +236,9 @@ class WindowedObserver:
         return cands[0] if cands else self.snaps[-2]
 
     def observation(self, alloc: dict[str, int], cpus: dict[str, float], budget: float,
-                    window_s: float | None = None) -> Observation | None:
+                    window_s: float | None = None, samples_per_sink_row: float = 1.0) -> Observation | None:
         prev = self.base(window_s)
         if prev is None:
             return None
-        return observe(prev, self.snaps[-1], alloc, cpus, budget, since_change_s=self.since_change())
+        return observe(prev, self.snaps[-1], alloc, cpus, budget, since_change_s=self.since_change(),
+                       samples_per_sink_row=samples_per_sink_row)

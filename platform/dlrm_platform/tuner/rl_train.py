@@ -38,7 +38,12 @@ def _module_class():
         """RLlib wrapper of ``PerOpPolicyNet`` (masked logits + value)."""
 
         def setup(self):
+            import torch
+
             self.net = PerOpPolicyNet(hidden=int(self.model_config.get("hidden", 64)))
+            init = self.model_config.get("init_state_path")
+            if init:
+                self.net.load_state_dict(torch.load(init, map_location="cpu", weights_only=True))
 
         def _forward(self, batch, **kwargs):
             logits, _ = self.net(batch[Columns.OBS])
@@ -100,90 +105,225 @@ def evaluate_net(net, n_pipelines: int = 12, steps: int = 90, seed: int = 123) -
     return {k: float(np.mean(v)) for k, v in scores.items()}
 
 
+def teacher_action(env) -> int:
+    """A privileged teacher: it knows the simulated pipeline's true costs.
+
+    It takes the valid action that raises the true throughput most; on a plateau
+    (two operators tied as bottleneck) it moves toward the true optimum; at
+    (near) the optimum it holds."""
+    from dlrm_platform.tuner.actions import K_MAX, apply_action
+
+    pipe, alloc, specs = env.pipe, env.alloc, env.specs
+    now = pipe.throughput(alloc)
+    if now >= 0.985 * env.t_opt:
+        return 0
+    caps = {o.name: o.capacity for o in env.last_obs.ops}
+    best_a, best = 0, now
+    for a in np.flatnonzero(env.mask):
+        if a == 0:
+            continue
+        thr = pipe.throughput(apply_action(int(a), alloc, specs, pipe.budget, caps))
+        if thr > best * 1.0005:
+            best_a, best = int(a), thr
+    if best_a:
+        return best_a
+    target = env.opt_alloc
+    deficits = [(target[s.name] - alloc[s.name], k) for k, s in enumerate(specs)]
+    for d, k in sorted(deficits, reverse=True):
+        if d > 0 and env.mask[1 + k]:
+            return 1 + k
+    for d, k in sorted(deficits):
+        if d < 0 and env.mask[1 + K_MAX + k] and now >= 0.95 * env.t_opt:
+            return 1 + K_MAX + k
+    return 0
+
+
+def imitation_pretrain(
+    *,
+    rounds: int = 6,
+    steps_per_round: int = 5000,
+    hidden: int = 64,
+    seed: int = 0,
+    profile: dict | None = None,
+    gamma: float = 0.9,
+    progress=print,
+):
+    """DAgger: roll out (teacher with probability beta, else the student), label every
+    visited state with the teacher's action, fit the student (cross-entropy on the
+    masked logits) and its value head (discounted returns). Returns the net."""
+    import torch
+
+    from dlrm_platform.tuner.nets import PerOpPolicyNet
+    from dlrm_platform.tuner.simulator import EnvConfig, make_env_class
+
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(seed)
+    env = make_env_class()(EnvConfig(seed=seed, profile=profile))
+    net = PerOpPolicyNet(hidden=hidden)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
+    rets: list[float] = []
+    t0 = time.time()
+    for r in range(rounds):
+        beta = 0.5 ** r
+        vec, _ = env.reset(seed=int(rng.integers(1 << 30)))
+        ep_x, ep_y, ep_r = [], [], []
+        agree = 0
+        for _ in range(steps_per_round):
+            a_t = teacher_action(env)
+            if rng.random() < beta:
+                a_exec = a_t
+            else:
+                with torch.no_grad():
+                    logits, _ = net(torch.as_tensor(vec).unsqueeze(0))
+                a_exec = int(torch.argmax(logits[0]))
+            agree += int(a_exec == a_t)
+            ep_x.append(vec)
+            ep_y.append(a_t)
+            vec, rew, _, trunc, _ = env.step(a_exec)
+            ep_r.append(rew)
+            if trunc:
+                g = 0.0
+                returns = []
+                for x in reversed(ep_r):
+                    g = x + gamma * g
+                    returns.append(g)
+                xs.extend(ep_x)
+                ys.extend(ep_y)
+                rets.extend(reversed(returns))
+                ep_x, ep_y, ep_r = [], [], []
+                vec, _ = env.reset(seed=int(rng.integers(1 << 30)))
+        x = torch.as_tensor(np.stack(xs))
+        y = torch.as_tensor(np.array(ys), dtype=torch.long)
+        g = torch.as_tensor(np.array(rets), dtype=torch.float32)
+        n = len(y)
+        for _ in range(4):
+            perm = torch.randperm(n)
+            for i in range(0, n, 512):
+                idx = perm[i:i + 512]
+                logits, value = net(x[idx])
+                loss = torch.nn.functional.cross_entropy(logits, y[idx]) + 0.5 * torch.mean((value - g[idx]) ** 2)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        with torch.no_grad():
+            logits, _ = net(x)
+            acc = float((logits.argmax(-1) == y).float().mean())
+        if progress:
+            progress(f"imitation round {r + 1}/{rounds}: {n} labelled states, student agrees with teacher"
+                     f" {acc:.0%} (executed {agree / steps_per_round:.0%} teacher-equal), {time.time() - t0:.0f} s")
+    net.eval()
+    return net
+
+
 def train_policy(
     out_dir: str | Path,
     *,
-    iterations: int = 60,
+    iterations: int = 10,
+    imitation_rounds: int = 6,
+    imitation_steps: int = 4000,
     profile: dict | None = None,
     seed: int = 0,
     hidden: int = 64,
-    train_batch: int = 4000,
-    lr: float = 5e-4,
+    train_batch: int = 2000,
+    lr: float = 1e-4,
     num_envs: int = 8,
     evaluate: bool = True,
     progress=print,
 ) -> dict:
-    """Train with PPO in the simulator and export ``policy.pt`` + ``policy.json`` to ``out_dir``.
-
-    Needs a running Ray (``ray.init``) - callers are entry points.
-    """
+    """Imitation warm start, then RLlib PPO fine-tuning in the simulator; export
+    ``policy.pt`` + ``policy.json`` to ``out_dir``. PPO needs a running Ray
+    (``ray.init``) - callers are entry points."""
     import torch
-    from ray.rllib.algorithms.ppo import PPOConfig
-    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+    from dlrm_platform.tuner.nets import PerOpPolicyNet
     from dlrm_platform.tuner.simulator import EnvConfig, make_env_class
 
+    torch.set_num_threads(1)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    env_cls = make_env_class()
-    env_config = {"seed": seed, "profile": profile, "episode_steps": 80}
-    config = (
-        PPOConfig()
-        .environment(env_cls, env_config=env_config)
-        .env_runners(num_env_runners=0, num_envs_per_env_runner=num_envs, rollout_fragment_length="auto")
-        .training(
-            lr=lr,
-            gamma=0.9,
-            lambda_=0.9,
-            train_batch_size_per_learner=train_batch,
-            minibatch_size=256,
-            num_epochs=6,
-            entropy_coeff=0.01,
-            vf_loss_coeff=0.5,
-            clip_param=0.2,
-        )
-        .rl_module(rl_module_spec=RLModuleSpec(module_class=_module_class(), model_config={"hidden": hidden}))
-        .debugging(seed=seed)
-        .reporting(metrics_num_episodes_for_smoothing=20)
-    )
-    algo = config.build_algo()
     t0 = time.time()
+    phases: dict = {}
+    init_path = None
+    if imitation_rounds > 0:
+        net = imitation_pretrain(rounds=imitation_rounds, steps_per_round=imitation_steps, hidden=hidden,
+                                 seed=seed, profile=profile, progress=progress)
+        init_path = out / "imitation.pt"
+        torch.save(net.state_dict(), init_path)
+        phases["imitation"] = {"rounds": imitation_rounds, "steps": imitation_rounds * imitation_steps,
+                               "seconds": time.time() - t0}
+        if evaluate:
+            phases["imitation"]["sim_eval"] = evaluate_net(net)
+            if progress:
+                progress(f"after imitation: {phases['imitation']['sim_eval']}")
     history = []
-    for it in range(iterations):
-        res = algo.train()
-        er = res.get("env_runners", {})
-        ret = er.get("episode_return_mean")
-        steps = res.get("num_env_steps_sampled_lifetime") or er.get("num_env_steps_sampled_lifetime")
-        history.append({"iteration": it + 1, "episode_return_mean": ret, "env_steps": steps,
-                        "seconds": time.time() - t0})
-        if progress and (it % 5 == 4 or it == iterations - 1):
-            progress(f"iteration {it + 1}/{iterations}: mean episode return {ret}, env steps {steps},"
-                     f" {time.time() - t0:.0f} s")
-    module = algo.get_module()
-    state = {k: v.detach().cpu() for k, v in module.net.state_dict().items()}
-    torch.save(state, out / WEIGHTS)
-    from dlrm_platform.tuner.nets import PerOpPolicyNet
+    state = None
+    if iterations > 0:
+        from ray.rllib.algorithms.ppo import PPOConfig
+        from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
+        model_config = {"hidden": hidden}
+        if init_path is not None:
+            model_config["init_state_path"] = str(init_path)
+        config = (
+            PPOConfig()
+            .environment(make_env_class(), env_config={"seed": seed, "profile": profile, "episode_steps": 80})
+            .env_runners(num_env_runners=0, num_envs_per_env_runner=num_envs, rollout_fragment_length="auto")
+            .training(
+                lr=lr,
+                gamma=0.9,
+                lambda_=0.9,
+                train_batch_size_per_learner=train_batch,
+                minibatch_size=256,
+                num_epochs=4,
+                entropy_coeff=0.003,
+                vf_loss_coeff=0.5,
+                clip_param=0.1,
+            )
+            .rl_module(rl_module_spec=RLModuleSpec(module_class=_module_class(), model_config=model_config))
+            .debugging(seed=seed)
+            .reporting(metrics_num_episodes_for_smoothing=20)
+        )
+        algo = config.build_algo()
+        t1 = time.time()
+        for it in range(iterations):
+            res = algo.train()
+            er = res.get("env_runners", {})
+            ret = er.get("episode_return_mean")
+            steps = res.get("num_env_steps_sampled_lifetime") or er.get("num_env_steps_sampled_lifetime")
+            history.append({"iteration": it + 1, "episode_return_mean": ret, "env_steps": steps,
+                            "seconds": time.time() - t1})
+            if progress:
+                progress(f"PPO iteration {it + 1}/{iterations}: mean episode return {ret}, env steps {steps},"
+                         f" {time.time() - t1:.0f} s")
+        module = algo.get_module()
+        state = {k: v.detach().cpu() for k, v in module.net.state_dict().items()}
+        algo.stop()
+        phases["ppo"] = {"iterations": iterations, "env_steps": history[-1]["env_steps"],
+                         "seconds": time.time() - t1}
+    if state is None:
+        state = torch.load(init_path, weights_only=True)
+    torch.save(state, out / WEIGHTS)
     net = PerOpPolicyNet(hidden=hidden)
     net.load_state_dict(state)
     net.eval()
     scores = evaluate_net(net) if evaluate else {}
+    if init_path is not None:
+        init_path.unlink(missing_ok=True)
     meta = {
-        "format": "dlrm_platform.tuner PerOpPolicyNet state_dict",
+        "format": "dlrm_platform.tuner.nets.PerOpPolicyNet state_dict (torch.save)",
         "hidden": hidden,
-        "algorithm": "RLlib PPO (new API stack)",
+        "algorithm": "DAgger imitation warm start, then RLlib PPO (new API stack) fine-tuning",
         "ray_version": __import__("ray").__version__,
-        "iterations": iterations,
-        "train_batch": train_batch,
-        "env_steps": history[-1]["env_steps"] if history else 0,
-        "seconds": time.time() - t0,
+        "phases": phases,
         "seed": seed,
         "profile": profile,
         "env": {k: v for k, v in EnvConfig().__dict__.items() if k not in ("profile", "extra")},
-        "final_episode_return_mean": history[-1]["episode_return_mean"] if history else None,
+        "ppo": {"lr": lr, "train_batch": train_batch, "num_envs": num_envs, "history": history},
         "sim_eval_share_of_optimum": scores,
-        "history": history,
+        "seconds": time.time() - t0,
     }
     (out / META).write_text(json.dumps(meta, indent=1, default=float))
-    algo.stop()
     return meta

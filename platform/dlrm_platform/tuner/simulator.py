@@ -31,7 +31,7 @@ import numpy as np
 
 from dlrm_platform.tuner.actions import K_MAX, N_ACTIONS, apply_action, project
 from dlrm_platform.tuner.features import OBS_DIM, FeatureState, featurize
-from dlrm_platform.tuner.observe import RawOp, RawSnapshot, WindowedObserver, sink_factors, samples_per_sink_row
+from dlrm_platform.tuner.observe import RawOp, RawSnapshot, WindowedObserver, sink_factors
 from dlrm_platform.tuner.spec import Allocation, OpSpec
 
 
@@ -69,9 +69,14 @@ class SimPipeline:
     def specs(self, initial: Allocation | None = None) -> list[OpSpec]:
         return [OpSpec(o.name, o.num_cpus, initial=(initial or {}).get(o.name, 1)) for o in self.ops]
 
+    @property
+    def samples_per_sink_row(self) -> float:
+        """A last operator that packs rows into batches (ratio < 0.1) delivers 1/ratio samples per row."""
+        last = self.ops[-1].ratio
+        return 1.0 / last if last < 0.1 else 1.0
+
     def factors(self) -> list[float]:
-        ratios = [o.ratio for o in self.ops]
-        return sink_factors(ratios, samples_per_sink_row(ratios[-1]))
+        return sink_factors([o.ratio for o in self.ops], self.samples_per_sink_row)
 
     def capacities(self, alloc: Allocation) -> dict[str, float]:
         """Samples/s each operator sustains at ``alloc``."""
@@ -174,6 +179,13 @@ class PipelineSim:
                 blocked = over and self.q[i + 1] >= share
                 if blocked:
                     out = 0.0
+                else:
+                    # no output past the memory limit (what it consumes frees memory)
+                    room = max(p.mem_limit - self.mem_used(), 0.0) / p.row_bytes
+                    if i > 0:
+                        room += min(out / o.ratio, self.q[i])
+                    out = min(out, room)
+                    blocked = out <= 0.0
                 consumed = out / o.ratio if i > 0 else out / o.ratio
                 if i > 0:
                     self.q[i] -= consumed
@@ -352,7 +364,8 @@ def make_env_class():
             return random_pipeline(self.rng)
 
         def _observe(self):
-            obs = self.observer.observation(self.alloc, self.cpus, self.pipe.budget)
+            obs = self.observer.observation(self.alloc, self.cpus, self.pipe.budget,
+                                            samples_per_sink_row=self.pipe.samples_per_sink_row)
             self.last_obs = obs
             vec, mask = featurize(obs, self.alloc, self.specs, self.pipe.budget, self.fs)
             self.mask = mask
@@ -467,6 +480,7 @@ def run_controller_in_sim(
     from dlrm_platform.tuner.controller import Controller
 
     rng = np.random.default_rng(seed)
+    spec.options.setdefault("samples_per_sink_row", pipe.samples_per_sink_row)
     ctl = Controller(spec)
     sim = PipelineSim(pipe, rng)
     sim.set_allocation(ctl.allocation)

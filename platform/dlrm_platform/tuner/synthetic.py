@@ -223,6 +223,15 @@ def _make_op_fn(op: SyntheticOperator, rows_per_block: int, row_floats: int, con
     return fn
 
 
+def _as_callable_class(fn):
+    """Actor pools need a callable class; name it after the operator (``MapBatches(<name>)``)."""
+
+    def __call__(self, batch):
+        return fn(batch)
+
+    return type(fn.__name__, (), {"__call__": __call__, "__module__": __name__})
+
+
 def build_dataset(
     pipe: PipelineDef,
     num_blocks: int,
@@ -234,6 +243,7 @@ def build_dataset(
     """The Ray Data pipeline of ``pipe`` over ``num_blocks`` blocks (``strategies`` from
     ``tuner.compute_strategies``). Storage services are started as named actors."""
     import ray
+    from ray.data import ActorPoolStrategy
 
     row_floats = max(1, pipe.row_bytes // 4 - 2)
     ds = ray.data.range(num_blocks, override_num_blocks=num_blocks)
@@ -244,6 +254,8 @@ def build_dataset(
             start_storage(storage, op.storage_channels)
         fn = _make_op_fn(op, pipe.rows_per_block, row_floats, str(control_file) if control_file else None,
                          storage, first=(i == 0))
+        if isinstance(strategies[op.name], ActorPoolStrategy):
+            fn = _as_callable_class(fn)
         ds = ds.map_batches(
             fn,
             batch_size=None,

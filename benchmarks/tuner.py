@@ -1,0 +1,368 @@
+"""Pipeline tuner benchmark: every policy on the same pipeline, side by side in one run.
+
+    .venv/bin/python benchmarks/tuner.py [--pipeline benchmarks/pipelines/dlrm_preprocessing.yaml]
+        [--json PATH] [--policies static,ray_default,plumber,hill_climb,rl,oracle]
+        [--run-s 100] [--shift-run-s 130] [--no-shift] [--cluster local|multinode|both] [--rounds 1]
+
+The pipeline (YAML) has operators that *wait* for their cost (GIL-free), on a
+local Ray with many logical CPUs: on this 2-core machine that models a large
+host faithfully (DESIGN.md) - allocation, not the two real cores, decides
+throughput. ``--cluster multinode`` runs the same on a simulated multi-node
+cluster (``ray.cluster_utils.Cluster``).
+
+Per policy it reports steady-state samples/s (consumer-side, last 40% of the
+run), seconds to reach 95% of that, peak object-store memory, stalls (10 s
+without a delivered row after the first one) and crashes; then the shift
+scenario (an operator's cost changes mid-run): time to recover to 95% of the
+post-shift steady state and the throughput recovered to. ``oracle`` measures a
+shortlist of allocations live: every allocation within the budget is scored by
+the pipeline's true cost model (which only the benchmark knows) and the best
+``--oracle-k`` are each measured; the best measured is kept.
+
+``--json PATH`` writes {"throughput": {policy: sps}, "rl_vs_oracle", "rl_vs_ray_default",
+"rl_vs_plumber", "rl_vs_hill_climb", "rl_seconds_to_95pct", "stalls", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "platform"))
+
+from dlrm_platform import tuner as tuner_api  # noqa: E402
+from dlrm_platform.config import TunerConfig  # noqa: E402
+from dlrm_platform.tuner.policies import enumerate_allocations  # noqa: E402
+from dlrm_platform.tuner.simulator import from_profile  # noqa: E402
+from dlrm_platform.tuner.synthetic import (  # noqa: E402
+    PipelineDef,
+    build_dataset,
+    expected_optimum,
+    load_pipeline,
+    set_cost_multipliers,
+    stop_storage,
+)
+
+POLICIES = ["static", "ray_default", "plumber", "hill_climb", "rl", "oracle"]
+STALL_S = 10.0
+
+
+def moving_average(ts: np.ndarray, rows: np.ndarray, window: float, step: float = 1.0):
+    """Delivered rows/s over a trailing ``window`` seconds, sampled every ``step``."""
+    if len(ts) == 0:
+        return np.array([]), np.array([])
+    grid = np.arange(window, ts[-1] + 1e-9, step)
+    cum = np.cumsum(rows)
+    out = []
+    for g in grid:
+        hi = np.searchsorted(ts, g, side="right")
+        lo = np.searchsorted(ts, g - window, side="right")
+        total = cum[hi - 1] - (cum[lo - 1] if lo > 0 else 0) if hi > 0 else 0
+        out.append(total / window)
+    return grid, np.array(out)
+
+
+def steady(ts, rows, start, end) -> float:
+    sel = (ts > start) & (ts <= end)
+    return float(rows[sel].sum() / max(end - start, 1e-9))
+
+
+def seconds_to(ts, rows, target, after=0.0, window=5.0) -> float | None:
+    grid, ma = moving_average(ts, rows, window)
+    for g, v in zip(grid, ma):
+        if g >= after + window and v >= target:
+            return float(g - window / 2)  # centre of the window that first reaches it
+    return None
+
+
+def count_stalls(ts: np.ndarray, run_s: float) -> int:
+    if len(ts) == 0:
+        return 1
+    gaps = np.diff(np.concatenate([ts, [run_s]]))
+    return int((gaps > STALL_S).sum())
+
+
+def oracle_shortlist(pipe: PipelineDef, k: int) -> list[dict]:
+    sim = from_profile(pipe.ground_truth())
+    specs = sim.specs()
+    every = enumerate_allocations(specs, sim.budget, limit=500_000) or []
+    every.sort(key=lambda a: (-sim.throughput(a), sum(a.values())))
+    return every[:k]
+
+
+def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | None, plot_dir: Path | None,
+            oracle_k: int, tag: str) -> dict:
+    import ray
+    from ray.data import DataContext
+
+    budget = float(pipe.cluster.data_cpus)
+    specs = pipe.op_specs()
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    cfg = TunerConfig(policy=policy, interval_s=1.0)
+    options = {}
+    if policy == "oracle":
+        options["oracle_candidates"] = oracle_shortlist(pipe, oracle_k)
+        options["oracle_measure_s"] = 5.0
+    strategies = tuner_api.compute_strategies(cfg, None, budget, operators=specs)
+    _, opt_rate = expected_optimum(pipe)
+    blocks = int(math.ceil(run_s * opt_rate * 1.5 / pipe.rows_per_block)) + 20
+    control = Path(tempfile.mkdtemp(prefix="tuner-bench-")) / "costs.json"
+    set_cost_multipliers(control, {})
+    ds = build_dataset(pipe, blocks, strategies, control_file=control)
+    ds.context.execution_options.resource_limits = ds.context.execution_options.resource_limits.copy(cpu=budget)
+    handle = tuner_api.attach(cfg, None, ds.context, budget, operators=specs, options=options,
+                              tuner_id=f"{tag}-{policy}")
+    t0 = time.time()
+    stamps: list[float] = []
+    counts: list[int] = []
+    crash = None
+    shifted = False
+    try:
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=4):
+            now = time.time() - t0
+            stamps.append(now)
+            counts.append(len(batch["id"]))
+            if shift_at is not None and not shifted and now >= shift_at:
+                set_cost_multipliers(control, {pipe.shift.operator: pipe.shift.factor})
+                shifted = True
+            if now >= run_s:
+                break
+    except Exception as err:  # noqa: BLE001 - a crash is a result
+        crash = f"{type(err).__name__}: {err}"
+        traceback.print_exc()
+    elapsed = time.time() - t0
+    time.sleep(1.5)
+    ticks = handle.ticks()
+    summary = handle.summary()
+    if plot_dir is not None:
+        handle.plot(plot_dir / f"{tag}_{policy}.png", title=f"{tag}: {policy}")
+    handle.close()
+    del ds
+    stop_storage()
+    ts = np.array(stamps)
+    rows = np.array(counts, dtype=float)
+    end = min(elapsed, run_s)
+    res = {
+        "policy": policy,
+        "elapsed_s": elapsed,
+        "rows": float(rows.sum()),
+        "crash": crash,
+        "stalls": count_stalls(ts, end) if crash is None else 1,
+        "peak_object_store_bytes": max((t["mem_used"] for t in ticks), default=0.0),
+        "final_allocation": summary.get("final_allocation"),
+        "decisions": summary.get("decisions"),
+        "tuner_ticks": len(ticks),
+        "first_row_s": float(ts[0]) if len(ts) else None,
+        "trace": [[round(float(g), 1), round(float(v), 1)] for g, v in zip(*moving_average(ts, rows, 5.0))],
+        "allocations": [[round(t["elapsed"], 1), t["allocation"]] for t in ticks if t.get("decision")],
+    }
+    if shift_at is None:
+        sps = steady(ts, rows, 0.6 * end, end)
+        res["samples_per_s"] = sps
+        res["seconds_to_95pct"] = seconds_to(ts, rows, 0.95 * sps)
+    else:
+        pre = steady(ts, rows, max(shift_at - 20, 0.5 * shift_at), shift_at)
+        post = steady(ts, rows, shift_at + 0.6 * (end - shift_at), end)
+        rec = seconds_to(ts, rows, 0.95 * post, after=shift_at)
+        res.update({
+            "pre_shift_samples_per_s": pre,
+            "post_shift_samples_per_s": post,
+            "recovery_s": (rec - shift_at) if rec is not None else None,
+            "shift_at_s": shift_at,
+        })
+    # free the cluster before the next policy
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        avail = ray.available_resources().get("CPU", 0.0)
+        if avail >= ray.cluster_resources().get("CPU", 0.0) - 1:
+            break
+        time.sleep(1.0)
+    return res
+
+
+def warm_up(n: int) -> None:
+    """Start the worker processes once, so no policy pays their start-up."""
+    import ray
+
+    @ray.remote(num_cpus=1)
+    def nap():
+        time.sleep(2.0)
+        return os.getpid()
+
+    ray.get([nap.remote() for _ in range(n)])
+
+
+def start_cluster(pipe: PipelineDef, kind: str):
+    import ray
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    if kind == "local":
+        ray.init(num_cpus=pipe.cluster.num_cpus, object_store_memory=pipe.cluster.object_store_mb * 1024**2,
+                 include_dashboard=False, log_to_driver=False)
+        return None
+    from ray.cluster_utils import Cluster
+
+    nodes = pipe.cluster.nodes
+    per_node_store = max(100, pipe.cluster.object_store_mb // len(nodes)) * 1024**2
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": nodes[0],
+                                                             "object_store_memory": per_node_store,
+                                                             "include_dashboard": False})
+    for n in nodes[1:]:
+        cluster.add_node(num_cpus=n, object_store_memory=per_node_store)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    return cluster
+
+
+def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
+    import ray
+
+    data_cpus = pipe.cluster.data_cpus
+    if kind == "multinode":
+        total = sum(pipe.cluster.nodes)
+        if total < data_cpus + 1:
+            raise SystemExit(f"cluster.nodes give {total} CPUs, fewer than data_cpus={data_cpus} + 1")
+    cluster = start_cluster(pipe, kind)
+    try:
+        print(f"\n== {kind}: {ray.cluster_resources().get('CPU'):g} logical CPUs"
+              f" ({len(pipe.cluster.nodes) if kind == 'multinode' else 1} node(s)), pipeline budget {data_cpus:g}")
+        warm_up(int(data_cpus))
+        results: dict[str, list[dict]] = {p: [] for p in policies}
+        shift_results: dict[str, list[dict]] = {p: [] for p in policies}
+        for r in range(args.rounds):
+            order = policies if r % 2 == 0 else list(reversed(policies))
+            for pol in order:
+                run_s = args.run_s + (args.oracle_k * 5.0 + 10 if pol == "oracle" else 0.0)
+                print(f"  [{kind} round {r + 1}] {pol}: {run_s:.0f} s ...", flush=True)
+                res = run_one(pipe, pol, run_s, shift_at=None, plot_dir=args.plot_dir, oracle_k=args.oracle_k,
+                              tag=f"{kind}{r}")
+                print(f"     {res['samples_per_s']:,.0f} samples/s, 95% after {res['seconds_to_95pct']} s,"
+                      f" stalls {res['stalls']}, crash {res['crash']}, final {res['final_allocation']}", flush=True)
+                results[pol].append(res)
+            if pipe.shift is not None and not args.no_shift:
+                for pol in order:
+                    if pol == "oracle":
+                        continue  # its search is a one-off; it does not re-adapt by design
+                    run_s = args.shift_run_s
+                    print(f"  [{kind} round {r + 1}] shift scenario, {pol}: {run_s:.0f} s ...", flush=True)
+                    res = run_one(pipe, pol, run_s, shift_at=pipe.shift.at_s, plot_dir=args.plot_dir,
+                                  oracle_k=args.oracle_k, tag=f"{kind}{r}-shift")
+                    print(f"     pre {res['pre_shift_samples_per_s']:,.0f} -> post {res['post_shift_samples_per_s']:,.0f}"
+                          f" samples/s, recovery {res['recovery_s']} s, stalls {res['stalls']}", flush=True)
+                    shift_results[pol].append(res)
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+    return {"runs": results, "shift_runs": shift_results}
+
+
+def summarise(pipe: PipelineDef, suite: dict, policies: list[str]) -> dict:
+    runs, shifts = suite["runs"], suite["shift_runs"]
+    thr = {p: float(np.mean([r["samples_per_s"] for r in runs[p]])) for p in policies if runs[p]}
+    t95 = {p: [r["seconds_to_95pct"] for r in runs[p]] for p in policies if runs[p]}
+    out = {
+        "throughput": thr,
+        "throughput_per_round": {p: [r["samples_per_s"] for r in runs[p]] for p in policies if runs[p]},
+        "seconds_to_95pct": {p: (float(np.mean([x for x in v if x is not None])) if any(x is not None for x in v)
+                                 else None) for p, v in t95.items()},
+        "peak_object_store_bytes": {p: max(r["peak_object_store_bytes"] for r in runs[p]) for p in policies if runs[p]},
+        "final_allocation": {p: runs[p][-1]["final_allocation"] for p in policies if runs[p]},
+        "stalls_per_policy": {p: sum(r["stalls"] for r in runs[p]) + sum(r["stalls"] for r in shifts.get(p, []))
+                              for p in policies},
+        "crashes": {p: [r["crash"] for r in runs[p] + shifts.get(p, []) if r["crash"]] for p in policies},
+        "shift": {
+            p: {
+                "pre_shift_samples_per_s": float(np.mean([r["pre_shift_samples_per_s"] for r in shifts[p]])),
+                "recovered_samples_per_s": float(np.mean([r["post_shift_samples_per_s"] for r in shifts[p]])),
+                "recovery_s": [r["recovery_s"] for r in shifts[p]],
+            }
+            for p in policies if shifts.get(p)
+        },
+    }
+    out["stalls"] = int(sum(out["stalls_per_policy"].values()))
+    rl = thr.get("rl")
+    for base in ("oracle", "ray_default", "plumber", "hill_climb", "static"):
+        if rl is not None and thr.get(base):
+            out[f"rl_vs_{base}"] = rl / thr[base]
+    out["rl_seconds_to_95pct"] = out["seconds_to_95pct"].get("rl")
+    opt_alloc, opt = expected_optimum(pipe)
+    out["model_optimum"] = {"allocation": opt_alloc, "samples_per_s": opt,
+                            "note": "true cost model, no Ray overheads: an upper bound"}
+    return out
+
+
+def print_table(kind: str, s: dict, policies: list[str]) -> None:
+    print(f"\n== {kind} results")
+    print(f"{'policy':<12}{'samples/s':>11}{'vs rl':>8}{'t95 (s)':>9}{'peak obj store':>16}{'stalls':>8}  final allocation")
+    rl = s["throughput"].get("rl")
+    for p in policies:
+        if p not in s["throughput"]:
+            continue
+        v = s["throughput"][p]
+        t95 = s["seconds_to_95pct"].get(p)
+        print(f"{p:<12}{v:>11,.0f}{(rl / v if rl and v else float('nan')):>8.2f}"
+              f"{(f'{t95:.0f}' if t95 is not None else 'n/a'):>9}"
+              f"{s['peak_object_store_bytes'][p] / 2**20:>13,.0f} MB{s['stalls_per_policy'][p]:>8}"
+              f"  {s['final_allocation'][p]}")
+    for k in ("rl_vs_oracle", "rl_vs_ray_default", "rl_vs_plumber", "rl_vs_hill_climb", "rl_vs_static"):
+        if k in s:
+            print(f"{k}: {s[k]:.3f}")
+    print(f"model optimum (no overheads): {s['model_optimum']['samples_per_s']:,.0f} samples/s at"
+          f" {s['model_optimum']['allocation']}")
+    if s["shift"]:
+        print("shift scenario: recovery to 95% of the post-shift steady state")
+        for p, v in s["shift"].items():
+            print(f"  {p:<12} pre {v['pre_shift_samples_per_s']:>8,.0f}  recovered {v['recovered_samples_per_s']:>8,.0f}"
+                  f" samples/s  recovery {v['recovery_s']} s")
+    print(f"stalls: {s['stalls']}, crashes: { {p: c for p, c in s['crashes'].items() if c} }")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pipeline", default=str(ROOT / "benchmarks/pipelines/dlrm_preprocessing.yaml"))
+    ap.add_argument("--json", dest="json_path")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--run-s", type=float, default=100.0)
+    ap.add_argument("--shift-run-s", type=float, default=130.0)
+    ap.add_argument("--no-shift", action="store_true")
+    ap.add_argument("--cluster", choices=["local", "multinode", "both"], default="local")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--oracle-k", type=int, default=8)
+    ap.add_argument("--plot-dir", type=Path, default=ROOT / "runs" / "bench" / "tuner")
+    args = ap.parse_args(argv)
+    args.plot_dir.mkdir(parents=True, exist_ok=True)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    pipe = load_pipeline(args.pipeline)
+    kinds = ["local", "multinode"] if args.cluster == "both" else [args.cluster]
+    report: dict = {"pipeline": pipe.name, "load_average_at_start": os.getloadavg()}
+    for kind in kinds:
+        suite = run_suite(pipe, kind, policies, args)
+        s = summarise(pipe, suite, policies)
+        print_table(kind, s, policies)
+        report[kind] = {**s, "raw": suite}
+    top = report[kinds[0]]
+    out = {k: top[k] for k in ("throughput", "rl_vs_oracle", "rl_vs_ray_default", "rl_vs_plumber",
+                               "rl_vs_hill_climb", "rl_seconds_to_95pct", "stalls") if k in top}
+    out.update({k: v for k, v in report.items() if k not in out})
+    out["load_average_at_end"] = os.getloadavg()
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(out, indent=1, default=str))
+        print(f"\nwrote {args.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""``dlrm-platform analyze``: run a pipeline briefly, print the Plumber-style report.
+
+CONFIG is either a job config (the platform's ingest pipeline over the job's
+training data) or a benchmark pipeline file (``benchmarks/pipelines/*.yaml``,
+recognised by its top-level ``operators`` list). The pipeline runs for
+``seconds`` at the config's own allocation with the tuner observing
+(``static`` policy), then the measured per-operator rates go through the LP.
+
+The same pass is the *profiling pass* that calibrates the RL simulator
+(:func:`profile_dict`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from dlrm_platform.errors import UserError
+from dlrm_platform.tuner.observe import Observation
+from dlrm_platform.tuner.plumber import PlumberReport, analyse
+from dlrm_platform.tuner.spec import OpSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProfileRun:
+    report: PlumberReport
+    observation: Observation
+    specs: list[OpSpec]
+    budget: float
+    source: str
+    fused: dict
+    missing: list
+    block_rows: float = 1000.0
+    row_bytes: float = 500.0
+
+    def profile_dict(self) -> dict:
+        """Per-operator costs for ``simulator.from_profile``."""
+        obs = self.observation
+        ops = []
+        for o, s in zip(obs.ops, [s for s in self.specs if s.name in obs.names]):
+            ops.append({
+                "name": o.name,
+                "num_cpus": s.num_cpus,
+                "element_ratio": o.element_ratio,
+                "rate_per_slot": o.rate_per_slot or 0.0,
+            })
+        known = [op["rate_per_slot"] for op in ops if op["rate_per_slot"] > 0]
+        fill = sorted(known)[len(known) // 2] if known else 1000.0
+        for op in ops:
+            if op["rate_per_slot"] <= 0:
+                op["rate_per_slot"] = fill
+        return {"source": self.source, "cpu_budget": self.budget, "block_rows": self.block_rows,
+                "row_bytes": self.row_bytes, "ops": ops}
+
+
+def is_pipeline_file(path: str | Path) -> bool:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(raw, dict) and isinstance(raw.get("operators"), list)
+
+
+def _run_and_observe(ds, specs: list[OpSpec], budget: float, seconds: float, warmup_s: float,
+                     tuner_cfg=None) -> tuple[Observation, dict, list]:
+    from dlrm_platform import tuner as tuner_api
+    from dlrm_platform.config import TunerConfig
+    from dlrm_platform.tuner import ray_hooks
+
+    cfg = tuner_cfg or TunerConfig(policy="static", interval_s=1.0)
+    window = max(seconds - warmup_s, 2.0)
+    handle = tuner_api.attach(cfg, None, ds.context, budget, telemetry_sink=None, operators=specs,
+                              options={"window_s": window, "settle_s": 0.0})
+    start = time.time()
+    rows = 0
+    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
+        rows += batch.num_rows
+        if time.time() - start >= seconds:
+            break
+    ctl = ray_hooks.local_controller(handle.tuner_id)
+    if ctl is None or ctl.last_obs is None:
+        raise UserError(f"the pipeline produced no measurement in {seconds:g} s; run longer (--seconds)")
+    records = ctl.pop_records()
+    starts = [r for r in records if r["type"] == "epoch_start"]
+    fused = starts[-1]["fused"] if starts else {}
+    missing = starts[-1]["missing"] if starts else []
+    ray_hooks.uninstall(ds.context)
+    return ctl.last_obs, fused, missing
+
+
+def run_pipeline_file(path: str | Path, seconds: float, warmup_s: float = 5.0) -> ProfileRun:
+    import ray
+
+    from dlrm_platform import tuner as tuner_api
+    from dlrm_platform.config import TunerConfig
+    from dlrm_platform.tuner.synthetic import build_dataset, load_pipeline, stop_storage
+
+    pipe = load_pipeline(path)
+    specs = pipe.op_specs()
+    budget = float(pipe.cluster.data_cpus)
+    started_here = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=pipe.cluster.num_cpus, object_store_memory=pipe.cluster.object_store_mb * 1024**2,
+                 include_dashboard=False, log_to_driver=False)
+        started_here = True
+    try:
+        from ray.data import DataContext
+
+        DataContext.get_current().enable_progress_bars = False
+        strategies = tuner_api.compute_strategies(TunerConfig(policy="static"), None, budget, operators=specs)
+        rate_guess = 20_000.0
+        blocks = int(max(50, seconds * rate_guess / pipe.rows_per_block))
+        ds = build_dataset(pipe, blocks, strategies)
+        ds.context.execution_options.resource_limits = ds.context.execution_options.resource_limits.copy(cpu=budget)
+        obs, fused, missing = _run_and_observe(ds, specs, budget, seconds, warmup_s)
+    finally:
+        stop_storage()
+        if started_here:
+            ray.shutdown()
+    report = analyse(obs, [s for s in specs if s.name in obs.names], budget)
+    return ProfileRun(report, obs, specs, budget, str(path), fused, missing,
+                      block_rows=pipe.rows_per_block, row_bytes=pipe.row_bytes)
+
+
+def run_job_config(path: str | Path, seconds: float, warmup_s: float = 8.0) -> ProfileRun:
+    import ray
+
+    from dlrm_platform import tuner as tuner_api
+    from dlrm_platform.config import TunerConfig, load_job_config
+    from dlrm_platform.ingest.pipeline import build_dataset, cpu_budget
+    from dlrm_platform.ingest.source import validate_dataset
+    from dlrm_platform.ingest.transforms import TransformSpec
+    from dlrm_platform.job import ray_session
+
+    job = load_job_config(path)
+    files = validate_dataset(job.data)
+    specs = tuner_api.operator_specs(job.ingest)
+    with ray_session(job.ray):
+        from ray.data import DataContext
+
+        DataContext.get_current().enable_progress_bars = False
+        budget = cpu_budget(job, float(ray.cluster_resources().get("CPU", 0))).data
+        strategies = tuner_api.compute_strategies(TunerConfig(policy="static"), job.ingest, budget)
+        # Same builder as the job, with per-operator pool sizes that keep the operators apart;
+        # the tuner then holds each at the config's own concurrency.
+        ingest = job.ingest.model_copy(deep=True)
+        for name, strat in strategies.items():
+            getattr(ingest.operators, name).concurrency = int(strat.size)
+        qdir = Path(job.tracking.runs_dir).resolve() / "quarantine" / "analyze"
+        spec = TransformSpec.from_config(job.data.columns, ingest, qdir)
+        ds = build_dataset(files.train, spec, ingest)
+        ds.context.execution_options.resource_limits = ds.context.execution_options.resource_limits.copy(cpu=budget)
+        obs, fused, missing = _run_and_observe(ds, specs, budget, seconds, warmup_s)
+    report = analyse(obs, [s for s in specs if s.name in obs.names], budget)
+    return ProfileRun(report, obs, specs, budget, str(path), fused, missing)
+
+
+def run_analysis(path: str | Path, seconds: float = 20.0) -> ProfileRun:
+    if not Path(path).exists():
+        raise UserError(f"{path}: no such file")
+    if is_pipeline_file(path):
+        return run_pipeline_file(path, seconds)
+    return run_job_config(path, seconds)

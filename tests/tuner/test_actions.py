@@ -1,0 +1,82 @@
+"""Masks: no action may oversubscribe the CPU budget, starve an operator, or grow past the memory limit."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from dlrm_platform.tuner.actions import (
+    K_MAX,
+    N_ACTIONS,
+    action_mask,
+    apply_action,
+    is_feasible,
+    project,
+    used_cpus,
+)
+from dlrm_platform.tuner.spec import OpSpec, TunerSpec
+
+SPECS = [OpSpec("read", 1.0), OpSpec("parse", 0.5), OpSpec("hash", 2.0)]
+
+
+def test_every_masked_in_action_stays_feasible():
+    budget = 8.0
+    for n in itertools.product(range(1, 6), range(1, 8), range(1, 4)):
+        alloc = dict(zip(["read", "parse", "hash"], n))
+        if not is_feasible(alloc, SPECS, budget):
+            continue
+        caps = {"read": 10.0 * n[0], "parse": 3.0 * n[1], "hash": 7.0 * n[2]}
+        mask = action_mask(alloc, SPECS, budget, capacities=caps)
+        assert mask[0]
+        for a in np.flatnonzero(mask):
+            new = apply_action(int(a), alloc, SPECS, budget, caps)
+            assert is_feasible(new, SPECS, budget), (alloc, a, new)
+            assert used_cpus(new, SPECS) <= budget + 1e-9
+
+
+def test_grow_takes_from_the_op_with_most_spare_capacity_when_the_budget_is_full():
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 2, "b": 2, "c": 2}
+    caps = {"a": 100.0, "b": 10.0, "c": 50.0}
+    new = apply_action(2, alloc, specs, 6.0, caps)  # +1 b
+    assert new == {"a": 1, "b": 3, "c": 2}
+
+
+def test_cannot_starve_an_operator_below_its_minimum():
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0)]
+    alloc = {"a": 1, "b": 1}
+    mask = action_mask(alloc, specs, 2.0)
+    assert not mask[1] and not mask[2]          # no free CPU, no donor above minimum
+    assert not mask[1 + K_MAX] and not mask[2 + K_MAX]  # cannot go below 1
+    assert apply_action(1 + K_MAX, alloc, specs, 2.0) == alloc
+
+
+def test_memory_limit_masks_every_growth():
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0)]
+    alloc = {"a": 1, "b": 1}
+    mask = action_mask(alloc, specs, 8.0, mem_fraction=1.05)
+    assert mask[0] and not mask[1:1 + K_MAX].any()
+    mask = action_mask({"a": 2, "b": 1}, specs, 8.0, mem_fraction=1.05)
+    assert mask[1 + K_MAX]  # shrinking is still allowed
+
+
+def test_padded_operators_are_masked():
+    mask = action_mask({"a": 1}, [OpSpec("a", 1.0)], 4.0)
+    assert mask.shape == (N_ACTIONS,)
+    assert not mask[2:1 + K_MAX].any() and not mask[2 + K_MAX:].any()
+
+
+def test_project_repairs_an_oversubscribed_allocation():
+    out = project({"read": 10, "parse": 10, "hash": 10}, SPECS, 8.0, {"read": 5.0, "parse": 50.0, "hash": 1.0})
+    assert is_feasible(out, SPECS, 8.0)
+    out = project({"read": 0, "parse": -3, "hash": 1}, SPECS, 8.0)
+    assert out["read"] == 1 and out["parse"] == 1
+
+
+def test_spec_rejects_minimums_over_budget_and_unknown_policy():
+    with pytest.raises(ValueError, match="minimum allocation"):
+        TunerSpec("x", "static", 1.0, [OpSpec("a", 1.0), OpSpec("b", 1.0)])
+    with pytest.raises(ValueError, match="unknown tuner policy"):
+        TunerSpec("x", "magic", 4.0, [OpSpec("a", 1.0)])

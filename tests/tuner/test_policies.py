@@ -1,0 +1,114 @@
+"""Policies driven by the real controller against the simulator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlrm_platform.tuner.controller import Controller
+from dlrm_platform.tuner.observe import RawOp, RawSnapshot
+from dlrm_platform.tuner.policies import enumerate_allocations
+from dlrm_platform.tuner.simulator import SimOp, SimPipeline, run_controller_in_sim
+from dlrm_platform.tuner.spec import OpSpec, TunerSpec
+
+
+def _pipe():
+    # b is 8x as expensive as a, c 4x; optimum at 13 CPUs: (1, 8, 4)
+    return SimPipeline(ops=[SimOp("a", 800.0), SimOp("b", 100.0), SimOp("c", 200.0)], budget=13.0, noise=0.03)
+
+
+def _spec(policy, pipe, initial=4, **options):
+    specs = [OpSpec(o.name, o.num_cpus, initial=initial) for o in pipe.ops]
+    return TunerSpec(f"test-{policy}", policy, pipe.budget, specs, options=options)
+
+
+def _tail(trace, n=15):
+    return float(np.mean([x["throughput"] / x["t_opt"] for x in trace[-n:]]))
+
+
+def test_static_holds_the_config():
+    pipe = _pipe()
+    trace = run_controller_in_sim(pipe, _spec("static", pipe), steps=30)
+    assert all(x["allocation"] == {"a": 4, "b": 4, "c": 4} for x in trace)
+
+
+def test_plumber_reaches_the_optimum():
+    pipe = _pipe()
+    trace = run_controller_in_sim(pipe, _spec("plumber", pipe), steps=40)
+    assert _tail(trace) > 0.95
+    assert trace[-1]["allocation"]["b"] >= 7
+
+
+def test_hill_climb_adds_where_it_helps_until_nothing_helps():
+    pipe = _pipe()
+    trace = run_controller_in_sim(pipe, _spec("hill_climb", pipe, hill_measure_s=3.0), steps=160)
+    allocs = [x["allocation"] for x in trace]
+    assert allocs[1] == {"a": 1, "b": 1, "c": 1}  # AUTOTUNE-style: starts at one slot each
+    sizes = [sum(a.values()) for a in allocs]
+    assert max(sizes) <= 13
+    assert _tail(trace) > 0.6
+    # it only ever adds to its base allocation: b (the bottleneck) gets the most
+    final = allocs[-1]
+    assert final["b"] == max(final.values())
+
+
+def test_oracle_measures_every_allocation_when_few():
+    pipe = SimPipeline(ops=[SimOp("a", 400.0), SimOp("b", 100.0)], budget=6.0, noise=0.0)
+    spec = _spec("oracle", pipe, initial=3, oracle_measure_s=2.0, oracle_max_measured=10)
+    every = enumerate_allocations(spec.ops, 6.0)
+    assert len(every) == 5 and all(sum(a.values()) == 6 for a in every)
+    trace = run_controller_in_sim(pipe, spec, steps=30)
+    assert trace[-1]["allocation"] == {"a": 2, "b": 4} or trace[-1]["allocation"] == {"a": 1, "b": 5}
+    assert _tail(trace, 5) > 0.99
+
+
+def test_enumeration_is_maximal_and_within_budget():
+    specs = [OpSpec("a", 1.0), OpSpec("b", 2.0), OpSpec("c", 0.5)]
+    every = enumerate_allocations(specs, 6.0)
+    assert every
+    for a in every:
+        used = a["a"] + 2 * a["b"] + 0.5 * a["c"]
+        assert used <= 6.0 and used > 6.0 - 0.5
+    assert enumerate_allocations([OpSpec(f"o{i}", 1.0) for i in range(8)], 60.0, limit=1000) is None
+
+
+def test_ray_default_never_acts():
+    pipe = _pipe()
+    trace = run_controller_in_sim(pipe, _spec("ray_default", pipe), steps=20)
+    assert all(x["allocation"] == {"a": 4, "b": 4, "c": 4} for x in trace)
+
+
+def test_controller_keeps_its_allocation_across_epochs_and_records():
+    pipe = _pipe()
+    spec = _spec("plumber", pipe)
+    trace = run_controller_in_sim(pipe, spec, steps=30)
+    ctl = Controller(spec)
+    ctl.allocation = dict(trace[-1]["allocation"])
+    ctl.start_epoch()
+    ctl.end_epoch("succeeded")
+    ctl.start_epoch()
+    recs = ctl.pop_records()
+    assert [r["type"] for r in recs] == ["epoch_start", "epoch_end", "epoch_start"]
+    assert recs[-1]["epoch"] == 2 and recs[-1]["allocation"] == trace[-1]["allocation"]
+
+
+def test_controller_masks_any_proposal_to_the_budget():
+    spec = TunerSpec("m", "static", 4.0, [OpSpec("a", 1.0, initial=9), OpSpec("b", 1.0, initial=9)])
+    ctl = Controller(spec)
+    assert sum(ctl.allocation.values()) <= 4
+    snap0 = RawSnapshot(0.0, {"a": RawOp(), "b": RawOp()}, 0.0)
+    ctl.start_epoch()
+    ctl.tick(snap0, budget=2.0)
+    snap1 = RawSnapshot(1.0, {"a": RawOp(rows_out=10, slot_seconds=1), "b": RawOp(rows_out=10, slot_seconds=1)}, 10)
+    ctl.tick(snap1, budget=2.0)
+    tick = [r for r in ctl.pop_records() if r["type"] == "tick"][-1]
+    assert tick["budget"] == 2.0
+
+
+@pytest.mark.parametrize("policy", ["plumber", "hill_climb", "rl"])
+def test_policies_survive_a_cost_shift_within_budget(policy):
+    pipe = _pipe()
+    trace = run_controller_in_sim(pipe, _spec(policy, pipe), steps=60, shift_at=30, shift=("c", 2.0))
+    for x in trace:
+        assert sum(x["allocation"].values()) <= 13
+        assert min(x["allocation"].values()) >= 1

@@ -1,0 +1,79 @@
+"""The private-API guard: every Ray Data internal the tuner uses must exist."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from dlrm_platform.tuner import ray_hooks
+
+TUNER_DIR = Path(ray_hooks.__file__).parent
+
+
+def test_every_required_hook_exists():
+    missing = ray_hooks.check_hooks()
+    assert not missing, "Ray Data internals the tuner needs are missing (update tuner/ray_hooks.py): " + "; ".join(missing)
+
+
+def test_verify_names_the_missing_attribute(monkeypatch):
+    fake = (*ray_hooks.REQUIRED_HOOKS,
+            ("ray.data._internal.execution.resource_manager", "ResourceManager", ("no_such_method_xyz",)),
+            ("ray.data._internal.execution.streaming_executor", "StreamingExecutor", ("self._no_such_attr",)),
+            ("ray.data._internal.no_such_module", "Thing", ()))
+    monkeypatch.setattr(ray_hooks, "REQUIRED_HOOKS", fake)
+    with pytest.raises(ray_hooks.RayHooksError) as err:
+        ray_hooks.verify_hooks()
+    msg = str(err.value)
+    assert "ResourceManager.no_such_method_xyz" in msg
+    assert "self._no_such_attr" in msg
+    assert "ray.data._internal.no_such_module" in msg
+
+
+def test_only_ray_hooks_touches_ray_data_internals():
+    offenders = []
+    for path in TUNER_DIR.rglob("*.py"):
+        if path.name == "ray_hooks.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value] if node.value.startswith("ray.data._internal") else []
+            offenders += [f"{path.name}: {n}" for n in names if "ray.data._internal" in n or "ray.rllib.algorithms._" in n]
+    assert not offenders, offenders
+
+
+def test_operator_matching():
+    physical = ["Input", "ReadRange", "MapBatches(read)", "MapBatches(parse)->MapBatches(hash)", "MapBatches(batch)"]
+    got = ray_hooks.match_operators(physical, ["read", "parse", "hash", "batch", "missing"])
+    assert got == {"read": 2, "parse": 3, "hash": 3, "batch": 4}
+    assert ray_hooks.match_operators(["Input", "ReadParquet", "MapBatches(parse)"], ["read"]) == {"read": 1}
+
+
+def test_install_and_uninstall_on_a_data_context():
+    from ray.data import DataContext
+
+    from dlrm_platform.tuner.spec import OpSpec, TunerSpec
+
+    ctx = DataContext()
+    spec = TunerSpec("t1", "plumber", 4.0, [OpSpec("a", 1.0), OpSpec("b", 1.0)])
+    ray_hooks.install(ctx, spec)
+    assert ray_hooks.TunerCallback in ctx.custom_execution_callback_classes
+    assert ctx.op_resource_reservation_enabled is False
+    key = "backpressure_policies.enabled"
+    assert ray_hooks.TunerBackpressurePolicy in ctx.get_config(key)
+    assert ctx.get_config(ray_hooks.SPEC_KEY)["policy"] == "plumber"
+    ray_hooks.uninstall(ctx)
+    assert ray_hooks.TunerCallback not in ctx.custom_execution_callback_classes
+    assert ctx.op_resource_reservation_enabled is True
+    # ray_default only observes: Ray's reservation and policies stay as they are
+    ctx2 = DataContext()
+    ray_hooks.install(ctx2, TunerSpec("t2", "ray_default", 4.0, [OpSpec("a", 1.0)]))
+    assert ctx2.op_resource_reservation_enabled is True
+    assert ctx2.get_config(key, None) is None
