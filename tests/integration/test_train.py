@@ -144,6 +144,21 @@ def test_two_workers_fractional_cpus_uneven_batches(ray_train_cluster, tmp_path)
 
 
 @pytest.mark.slow
+def test_step_limit_and_step_checkpoints_with_two_workers(ray_train_cluster, tmp_path):
+    # Stopping an epoch early leaves both splits half-read; the next epoch must start cleanly.
+    job = _job(tmp_path, num_workers=2, cpus_per_worker=0.5, epochs=2, max_steps_per_epoch=3,
+               checkpoint_every_steps=2)
+    result = run_training(job, _datasets(), mlflow_run_id=None, tracking_uri=None,
+                          storage_path=str(tmp_path / "ray"))
+    assert result.steps == 6
+    assert 2 * 3 * 9 <= result.samples <= 2 * 3 * 2 * 64  # 3 lockstep steps/epoch, <= 2 batches each
+    assert read_progress(result.checkpoint_path).epoch_complete
+    step_checkpoints = sorted(p.name for p in Path(result.checkpoint_path).parent.glob("checkpoint_e*"))
+    # Step checkpoints at global steps 2, 4, 6, epoch ends at 3 and 6; num_to_keep=2 keeps the last two.
+    assert step_checkpoints == ["checkpoint_e001_s00000006", "checkpoint_e001_s00000006_end"]
+
+
+@pytest.mark.slow
 def test_worker_failure_resumes_from_last_checkpoint(ray_train_cluster, tmp_path, fault_file):
     # Rank 1 fails after step 2 of epoch 1, once (the hook deletes the file): the group restarts
     # from the epoch-0 checkpoint, which both ranks wrote (DCP shards merged by Ray Train).

@@ -331,7 +331,8 @@ class Worker:
         """Save on every rank and report to Ray Train (which merges the ranks' directories)."""
         import ray.train
 
-        name = f"checkpoint_e{self.progress.epoch:03d}_s{self.progress.global_step:08d}"
+        p = self.progress
+        name = f"checkpoint_e{p.epoch:03d}_s{p.global_step:08d}" + ("_end" if p.epoch_complete else "")
         with tempfile.TemporaryDirectory(prefix="dlrm-ckpt-") as tmp:
             save_checkpoint(tmp, self.model, self.dense_optimizer, self.progress)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),

@@ -117,7 +117,7 @@ def run_training(
         scaling_config=ScalingConfig(
             num_workers=train.num_workers,
             use_gpu=train.use_gpu,
-            resources_per_worker={"CPU": train.cpus_per_worker, **({"GPU": 1} if train.use_gpu else {})},
+            resources_per_worker={"CPU": train.cpus_per_worker},  # + 1 GPU each with use_gpu
         ),
         run_config=RunConfig(
             name=name,
