@@ -47,7 +47,8 @@ def ray_train_cluster(fault_file):
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING",
+    # address="local": always a fresh cluster, even when a `ray start` cluster runs on this machine.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING",
              runtime_env={"env_vars": {FAULT_FILE_ENV: str(fault_file)}})
     DataContext.get_current().enable_progress_bars = False
     yield ray

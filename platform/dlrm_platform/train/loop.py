@@ -106,6 +106,18 @@ class LoopConfig:
 # --------------------------------------------------------------------------- lockstep batches
 
 
+def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a small CPU tensor over all workers (on the GPU under nccl, which only reduces CUDA tensors)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return t
+    if dist.get_backend() == "nccl":
+        out = t.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.all_reduce(out)
+        return out.cpu()
+    dist.all_reduce(t)
+    return t
+
+
 @dataclass
 class StepBatch:
     """One worker's input to one lockstep step."""
@@ -132,9 +144,7 @@ def lockstep_batches(shard: Any, job: JobConfig, device: torch.device,
         table = next(tables, None)
         batch = None if table is None else unpack(table)
         n = 0 if batch is None else int(batch.labels.shape[0])
-        flags = torch.tensor([int(batch is not None), n], dtype=torch.int64)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flags)
+        flags = _all_reduce_sum(torch.tensor([int(batch is not None), n], dtype=torch.int64))
         if int(flags[0]) == 0:
             return
         yield StepBatch(batch if batch is not None else dummy, n, int(flags[1]),
@@ -163,9 +173,8 @@ class EpochStats:
 
     def all_reduced(self) -> EpochStats:
         """Sums over all workers (a collective)."""
-        t = torch.tensor([self.samples, self.loss_sum, self.wait_s, self.compute_s], dtype=torch.float64)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(t)
+        t = _all_reduce_sum(torch.tensor([self.samples, self.loss_sum, self.wait_s, self.compute_s],
+                                         dtype=torch.float64))
         return EpochStats(int(t[0]), float(t[1]), float(t[2]), float(t[3]), self.wall_s)
 
     @property
@@ -370,6 +379,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(max(1, int(job.train.cpus_per_worker)))
     device = ray.train.torch.get_device() if job.train.use_gpu else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # nccl collectives and all_gather_object use the current device
 
     model = build_job_model(job, device)  # the dedup DLRM when ingest.dedup is on
     worker = Worker(job, model, build_dense_optimizer(model, job.train), device, rank, world_size,
