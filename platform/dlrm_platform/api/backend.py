@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -61,20 +62,30 @@ def _is_not_found(err: Exception) -> bool:
 class RayJobsBackend:
     """``JobBackend`` on a real Ray cluster's Jobs API."""
 
+    MAX_BACKOFF_S = 15.0
+
     def __init__(self, address: str):
         self.address = address
         self._client: Any = None
         self._lock = threading.Lock()
+        self._retry_at = 0.0
+        self._backoff_s = 0.0
 
     def _get_client(self) -> Any:
         with self._lock:
             if self._client is None:
+                # While the head is down, reconnect with backoff: a failed connect costs CPU.
+                if time.monotonic() < self._retry_at:
+                    raise BackendUnavailable(f"Ray Jobs API at {self.address}: unreachable (retrying later)")
                 from ray.job_submission import JobSubmissionClient
 
                 try:
                     self._client = JobSubmissionClient(self.address)
                 except Exception as err:  # connection refused, 401, version check
+                    self._backoff_s = min(self.MAX_BACKOFF_S, max(1.0, self._backoff_s * 2))
+                    self._retry_at = time.monotonic() + self._backoff_s
                     raise BackendUnavailable(f"Ray Jobs API at {self.address}: {err}") from err
+                self._backoff_s = 0.0
             return self._client
 
     def _call(self, fn_name: str, *args: Any, **kwargs: Any) -> Any:

@@ -204,7 +204,6 @@ def run_stack(
             env={**ray_env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mlflow_port}"},
             dashboard_port=dashboard_port,
             gcs_port=gcs_port,
-            isolated_ports=False,
             log_file=root / "ray-head.log",
         )
         os.environ.setdefault("DLRM_API_RAY_ADDRESS", head.dashboard_url)

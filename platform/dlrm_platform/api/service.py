@@ -166,6 +166,7 @@ class JobService:
         self._progress_read: dict[str, float] = {}
         self._stop_sent: dict[str, float] = {}
         self._last_probe = 0.0
+        self._config_files: dict[Path, tuple[int, Any]] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -229,7 +230,7 @@ class JobService:
                     ]
                 )
             try:
-                raw = yaml.safe_load(path.read_text())
+                raw = self._read_config_file(path)
             except (OSError, yaml.YAMLError) as err:
                 raise InvalidRequest(
                     [{"loc": ["body", "config_name"], "msg": f"{source}: unreadable: {err}", "type": "value_error"}]
@@ -258,6 +259,17 @@ class JobService:
                 )
             raise InvalidRequest(errors) from None
         return cfg.model_dump(mode="json")
+
+    def _read_config_file(self, path: Path) -> Any:
+        """YAML of a named config, parsed once per version of the file (submissions are hot)."""
+        import copy
+
+        mtime = path.stat().st_mtime_ns
+        hit = self._config_files.get(path)
+        if hit is None or hit[0] != mtime:
+            hit = (mtime, yaml.safe_load(path.read_text()))
+            self._config_files[path] = hit
+        return copy.deepcopy(hit[1])
 
     def _config_path(self, name: str) -> Path | None:
         base = self.settings.configs_dir.resolve()
