@@ -394,6 +394,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     eval_shard = ray.train.get_dataset_shard("eval") if loop.has_eval else None
     for epoch in range(start_epoch, job.train.epochs):
         stats = worker.train_epoch(train_shard, epoch)
+        eval_samples = 0
         if eval_shard is not None:
             worker.progress.eval_auc, worker.progress.eval_logloss, eval_samples = worker.evaluate(eval_shard)
         worker.progress.epoch_complete = True
@@ -402,6 +403,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             "start_epoch": start_epoch,
             "epoch_train_loss": stats.loss,
             "epoch_samples": stats.samples,
+            "eval_samples": eval_samples,
             **worker.summary(),
         }
         worker.tracker.log_epoch(epoch, {
