@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -266,10 +267,26 @@ def test_every_auth_failure_case(e2e: E2E):
 def test_cancel_running_job_stops_it_and_kills_the_mlflow_run(e2e: E2E):
     job_id = e2e.jobs["cancel"]
     running = e2e.wait_status(job_id, {"RUNNING"}, timeout=600)
+    # Follow its logs while it runs; the stream ends by itself once the job has stopped.
+    chunks: list[str] = []
+
+    def follow() -> None:
+        with e2e.http("alice") as c, c.stream(
+            "GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"}, timeout=600
+        ) as r:
+            assert r.status_code == 200
+            for text in r.iter_text():
+                chunks.append(text)
+
+    streamer = threading.Thread(target=follow, daemon=True)
+    streamer.start()
+    wait_for("streamed log output", lambda: "".join(chunks).strip(), timeout=300)
     with e2e.http("alice") as alice:
         r = alice.post(f"/v1/jobs/{job_id}/cancel")
     assert r.status_code == 202 and r.json()["cancel_requested"] is True
     done = e2e.wait_status(job_id, {"STOPPED"}, timeout=180)
+    streamer.join(timeout=120)
+    assert not streamer.is_alive(), "the followed log stream did not end with the job"
     assert done["finished_at"] and done["status_reason"] == "cancelled"
     info = e2e.ray_cli("status", running["ray_submission_id"])
     assert "stopped" in (info.stdout + info.stderr).lower()

@@ -211,6 +211,9 @@ def run_stack(
         settings = ApiSettings()
         print(f"[serve] job service on http://{host}:{api_port} (db: {settings.database_url})", flush=True)
         print("[serve] API key: dlrm-platform api-key create --user $USER", flush=True)
+        # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; with a Python handler
+        # in place that becomes SystemExit, so the `finally` below still stops the head and MLflow.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         uvicorn.run(create_app(settings), host=host, port=api_port, log_level="info")
     finally:
         print("[serve] stopping the Ray head and MLflow", flush=True)
