@@ -44,9 +44,11 @@ def is_feasible(alloc: Mapping[str, int], specs: Sequence[OpSpec], budget: float
 
 
 def _slack_key(name: str, alloc: Mapping[str, int], capacities: Mapping[str, float | None] | None):
-    """Higher = more spare capacity: a better donor."""
+    """Higher = a better donor: the capacity it keeps after giving up one slot."""
     cap = (capacities or {}).get(name)
-    return (cap if cap is not None else math.inf, alloc[name])
+    n = alloc[name]
+    left = cap * (n - 1) / n if cap is not None and n > 0 else math.inf
+    return (left, n)
 
 
 def pick_donor(
@@ -55,7 +57,8 @@ def pick_donor(
     exclude: str | None,
     capacities: Mapping[str, float | None] | None = None,
 ) -> str | None:
-    """The operator above its minimum with the most spare capacity (unknown counts as most)."""
+    """The operator above its minimum that keeps the most capacity after giving up a slot
+    (unknown capacity counts as the most)."""
     cands = [s.name for s in specs if s.name != exclude and alloc[s.name] > s.min_slots]
     if not cands:
         return None

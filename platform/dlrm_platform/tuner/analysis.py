@@ -94,6 +94,18 @@ def _run_and_observe(ds, specs: list[OpSpec], budget: float, seconds: float, war
     return ctl.last_obs, fused, missing
 
 
+def warm_workers(n: int, seconds: float = 1.0) -> None:
+    """Start ``n`` worker processes before measuring, so start-up is not measured as work."""
+    import ray
+
+    @ray.remote(num_cpus=1)
+    def _nap() -> None:
+        time.sleep(seconds)
+
+    avail = int(ray.cluster_resources().get("CPU", 1))
+    ray.get([_nap.remote() for _ in range(max(1, min(n, avail)))])
+
+
 def run_pipeline_file(path: str | Path, seconds: float, warmup_s: float = 5.0) -> ProfileRun:
     import ray
 
@@ -106,13 +118,14 @@ def run_pipeline_file(path: str | Path, seconds: float, warmup_s: float = 5.0) -
     budget = float(pipe.cluster.data_cpus)
     started_here = False
     if not ray.is_initialized():
-        ray.init(num_cpus=pipe.cluster.num_cpus, object_store_memory=pipe.cluster.object_store_mb * 1024**2,
+        ray.init(address="local", num_cpus=pipe.cluster.num_cpus, object_store_memory=pipe.cluster.object_store_mb * 1024**2,
                  include_dashboard=False, log_to_driver=False)
         started_here = True
     try:
         from ray.data import DataContext
 
         DataContext.get_current().enable_progress_bars = False
+        warm_workers(int(budget))
         strategies = tuner_api.compute_strategies(TunerConfig(policy="static"), None, budget, operators=specs)
         rate_guess = 20_000.0
         blocks = int(max(50, seconds * rate_guess / pipe.rows_per_block))

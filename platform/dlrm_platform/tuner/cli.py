@@ -48,7 +48,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             profile = run_analysis(p, seconds=args.profile_seconds).profile_dict()
     out = Path(args.out) if args.out else PRETRAINED_DIR
     if not ray.is_initialized():
-        ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     try:
         meta = train_policy(
             out,

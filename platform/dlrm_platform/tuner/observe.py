@@ -22,9 +22,11 @@ from dataclasses import dataclass, field, replace
 class RawOp:
     """Counters of one operator at one instant. Cumulative fields only grow."""
 
-    rows_in: float = 0.0          # cumulative rows received
+    rows_in: float = 0.0          # cumulative input rows of finished tasks
+    rows_out_done: float | None = None  # cumulative output rows of finished tasks (None: = rows_out)
     rows_out: float = 0.0         # cumulative rows produced by its tasks
-    slot_seconds: float = 0.0     # cumulative integral of tasks running (busy slot-seconds)
+    slot_seconds: float = 0.0     # cumulative integral of tasks running (occupied slot-seconds)
+    busy_seconds: float | None = None  # cumulative time tasks spent producing outputs (worker-measured)
     bp_seconds: float = 0.0       # cumulative task-submission backpressure time
     spilled_bytes: float = 0.0    # cumulative bytes spilled
     running: float = 0.0          # tasks running now
@@ -140,14 +142,19 @@ def observe(
         d_out = max(b.rows_out - a.rows_out, 0.0)
         d_slot = max(b.slot_seconds - a.slot_seconds, 0.0)
         running = d_slot / dt
-        ratio = b.rows_out / b.rows_in if b.rows_in > 0 and b.rows_out > 0 else 1.0
+        # Work time measured by the workers excludes scheduling and worker start-up; fall back
+        # to occupied slot time where the source does not report it.
+        d_busy = (max(b.busy_seconds - a.busy_seconds, 0.0)
+                  if a.busy_seconds is not None and b.busy_seconds is not None else d_slot)
+        done = b.rows_out_done if b.rows_out_done is not None else b.rows_out
+        ratio = done / b.rows_in if b.rows_in > 0 and done > 0 else 1.0
         ops.append(
             OpObs(
                 name=name,
                 slots=int(alloc[name]),
                 cpus_per_slot=float(cpus[name]),
                 out_rate=d_out / dt,
-                rate_per_slot=(d_out / d_slot) if d_slot >= min_slot_seconds and d_out > 0 else None,
+                rate_per_slot=(d_out / d_busy) if d_busy >= min_slot_seconds and d_out > 0 else None,
                 element_ratio=ratio,
                 running=running,
                 util=running / max(alloc[name], 1),

@@ -69,8 +69,10 @@ REQUIRED_HOOKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("ray.data._internal.execution.interfaces.physical_operator", "PhysicalOperator",
      ("name", "metrics", "num_active_tasks", "has_completed", "get_autoscaling_actor_pools")),
     ("ray.data._internal.execution.interfaces.op_runtime_metrics", "OpRuntimeMetrics",
-     ("num_row_inputs_received", "rows_task_outputs_generated", "row_outputs_taken", "num_tasks_running",
-      "task_submission_backpressure_time", "obj_store_mem_internal_inqueue", "obj_store_mem_spilled")),
+     ("num_task_inputs_processed", "num_row_inputs_received", "num_inputs_received",
+      "rows_outputs_of_finished_tasks", "rows_task_outputs_generated", "row_outputs_taken", "num_tasks_running",
+      "task_submission_backpressure_time", "obj_store_mem_internal_inqueue", "obj_store_mem_spilled",
+      "block_generation_time")),
     ("ray.data._internal.execution.streaming_executor_state", "OpState", ("total_enqueued_input_blocks",)),
     ("ray.data._internal.execution.resource_manager", "ResourceManager",
      ("get_global_usage", "get_global_limits", "get_mem_op_outputs")),
@@ -274,9 +276,13 @@ class _Binding:
             pools = op.get_autoscaling_actor_pools()
             state = topo.get(op)
             ops[n] = RawOp(
-                rows_in=float(m.num_row_inputs_received or 0),
+                # input rows of finished tasks: their input blocks x mean rows per received block
+                rows_in=float(m.num_task_inputs_processed or 0)
+                * float(m.num_row_inputs_received or 0) / max(float(m.num_inputs_received or 0), 1.0),
+                rows_out_done=float(m.rows_outputs_of_finished_tasks or 0),
                 rows_out=float(m.rows_task_outputs_generated or 0),
                 slot_seconds=self.slot_seconds[n],
+                busy_seconds=float(m.block_generation_time or 0.0),
                 bp_seconds=float(m.task_submission_backpressure_time or 0.0),
                 spilled_bytes=float(m.obj_store_mem_spilled or 0),
                 running=float(op.num_active_tasks()),

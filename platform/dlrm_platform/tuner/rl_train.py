@@ -231,6 +231,7 @@ def train_policy(
     lr: float = 1e-4,
     num_envs: int = 8,
     evaluate: bool = True,
+    init_state: str | Path | None = None,
     progress=print,
 ) -> dict:
     """Imitation warm start, then RLlib PPO fine-tuning in the simulator; export
@@ -247,7 +248,11 @@ def train_policy(
     t0 = time.time()
     phases: dict = {}
     init_path = None
-    if imitation_rounds > 0:
+    if init_state is not None:  # continue from given weights instead of imitating again
+        init_path = out / "imitation.pt"
+        torch.save(torch.load(init_state, map_location="cpu", weights_only=True), init_path)
+        phases["init"] = {"from": str(init_state)}
+    elif imitation_rounds > 0:
         net = imitation_pretrain(rounds=imitation_rounds, steps_per_round=imitation_steps, hidden=hidden,
                                  seed=seed, profile=profile, progress=progress)
         init_path = out / "imitation.pt"
