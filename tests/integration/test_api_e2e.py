@@ -133,7 +133,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
     try:
         ml_port = devstack.free_port()
         ml = tracking.start_server(root / "mlflow", port=ml_port)
-        procs.append(lambda: devstack.stop_process(ml))
+        procs.append(lambda: devstack.stop_process(ml, timeout=10))
         mlflow_uri = f"http://127.0.0.1:{ml_port}"
 
         ray_env = devstack.ensure_ray_token(root / "ray_auth_token")
@@ -190,7 +190,11 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
 
         stack.jobs["success"] = submit("alice", idempotency_key="success-1")
         stack.jobs["cancel"] = submit("alice", overrides={"train.epochs": 100})
-        stack.jobs["retry"] = submit("bob", max_retries=1, overrides={"train.epochs": 2, "train.log_every_steps": 1})
+        # Many small steps: attempt 1 is still far from done when the test kills it after its first
+        # checkpoint, on a quiet machine as on a loaded one.
+        stack.jobs["retry"] = submit("bob", max_retries=1, overrides={
+            "train.epochs": 2, "ingest.batch_size": 16, "train.checkpoint_every_steps": 2, "train.log_every_steps": 4,
+        })  # fmt: skip
         # And one without the service: `ray job submit` with the files in configs/ray_job/.
         stack.cli_log = root / "ray-job-submit.log"
         stack.cli = subprocess.Popen(
@@ -363,7 +367,7 @@ def test_retry_resumes_from_checkpoint_after_injected_failure(e2e: E2E):
     job_id = e2e.jobs["retry"]
     e2e.wait_status(job_id, {"RUNNING"}, timeout=600)
     train_dir = e2e.root / "storage" / job_id / "train"
-    ckpt = wait_for("a checkpoint of attempt 1", lambda: policy.find_latest_checkpoint(train_dir), 600, 0.3)
+    ckpt = wait_for("a checkpoint of attempt 1", lambda: policy.find_latest_checkpoint(train_dir), 600, 0.1)
     # Inject the failure: kill attempt 1's driver (a process this test's Ray head started).
     pids = _driver_pids(e2e.root / "storage" / job_id / "job.yaml")
     assert pids, "driver process of attempt 1 not found"

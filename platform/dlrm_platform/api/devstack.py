@@ -219,5 +219,5 @@ def run_stack(
         print("[serve] stopping the Ray head and MLflow", flush=True)
         if head is not None:
             head.stop()
-        stop_process(mlflow_proc)
+        stop_process(mlflow_proc, timeout=10)
     return 0
