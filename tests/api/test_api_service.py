@@ -216,7 +216,9 @@ def test_restart_keeps_history_and_reconciles(tmp_path: Path):
     s1.close()
     # The Ray head restarted meanwhile and forgot bob's job; an orphan of ours is running too.
     del backend.jobs[f"{lost}-1"]
-    backend.submit("job-orphan-1", "x", runtime_env={}, metadata={"dlrm_job_id": "job-orphan"}, entrypoint_num_cpus=0)
+    backend.submit(f"{queued}-7", "x", runtime_env={}, metadata={"dlrm_job_id": queued}, entrypoint_num_cpus=0)
+    backend.submit("other-1", "x", runtime_env={}, metadata={"dlrm_job_id": "job-of-another-service"},
+                   entrypoint_num_cpus=0)
     s2 = Stack(tmp_path, backend=backend, tracker=tracker)
     s2.keys = keys
     s2.service.reconcile()
@@ -226,7 +228,8 @@ def test_restart_keeps_history_and_reconciles(tmp_path: Path):
     assert after["events"][-1]["kind"] == "reconciled"
     lost_job = s2.job(lost)
     assert lost_job["status"] == "FAILED" and "no record" in lost_job["status_reason"]
-    assert "job-orphan-1" in backend.stopped
+    assert f"{queued}-7" in backend.stopped  # an attempt the records do not expect
+    assert "other-1" not in backend.stopped  # not ours to judge
     assert s2.job(queued)["status"] == "QUEUED"
     s2.close()
 

@@ -527,21 +527,25 @@ class JobService:
         self._set_ray_ok(True)
         with self.db.session() as s:
             jobs = {j.id: j for j in s.scalars(select(JobRecord))}
-        # Ray jobs of ours that the records do not expect to run: stop them.
+        # Attempts of our jobs that the records do not expect to run (an older attempt, a job
+        # that ended meanwhile): stop them. Jobs these records do not know are left alone
+        # (another service may share the cluster).
         for sid, info in ray_jobs.items():
             job_id = info.metadata.get("dlrm_job_id")
             if not job_id or policy.map_ray_status(info.status).terminal:
                 continue
             job = jobs.get(job_id)
-            if job is None or JobStatus(job.status).terminal or job.ray_submission_id != sid:
+            if job is None:
+                log.warning("reconcile: Ray job %s names job %s, which these records do not know", sid, job_id)
+                continue
+            if JobStatus(job.status).terminal or job.ray_submission_id != sid:
                 log.warning("reconcile: stopping orphaned Ray job %s (job %s)", sid, job_id)
                 try:
                     self.backend.stop(sid)
                 except BackendUnavailable:
                     return
-                if job is not None:
-                    with self.db.transaction() as s:
-                        self._event(s, job, "reconciled", f"stopped orphaned Ray job {sid}")
+                with self.db.transaction() as s:
+                    self._event(s, job, "reconciled", f"stopped orphaned Ray job {sid}")
         n_active = sum(1 for j in jobs.values() if j.status in ACTIVE)
         with self.db.transaction() as s:
             for job in jobs.values():
