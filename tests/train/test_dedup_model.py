@@ -38,7 +38,10 @@ LAYOUTS = {
                       "item": {"categorical": ["ic0"], "multi_hot": ["itags"]}},
     # no item sparse feature at all
     "no_item_sparse": {"user": {"dense": ["ud0"], "categorical": ["uc0", "uc1"]}, "item": {"dense": ["id0"]}},
+    # no user sparse feature: only the user dense columns are deduplicated
+    "no_user_sparse": {"user": {"dense": ["ud0", "ud1"]}, "item": {"dense": ["id0"], "categorical": ["ic0"]}},
 }
+SPLIT = {"expand": float("inf"), "split": 0}  # the two MLP paths of DedupDLRM
 
 
 def _job(layout: str, tmp_path, **train) -> JobConfig:
@@ -76,10 +79,10 @@ def _batch(job: JobConfig, num_samples: int, num_users: int, seed: int = 0) -> D
     )
 
 
-def _twins(job: JobConfig) -> tuple[DLRMTrain, DedupDLRMTrain]:
+def _twins(job: JobConfig, mlp_path: str = "split") -> tuple[DLRMTrain, DedupDLRMTrain]:
     torch.manual_seed(0)
     plain = build_dlrm(job, "cpu")
-    ded = build_dedup_dlrm(job, "cpu")
+    ded = build_dedup_dlrm(job, "cpu", mlp_split_min_macs=SPLIT[mlp_path])
     missing, unexpected = ded.load_state_dict(dedup_state_dict_from_plain(plain.state_dict(), job.data.columns))
     assert not missing and not unexpected
     return plain, ded
@@ -91,9 +94,10 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("num_users", [1, 9, 40])
-def test_same_loss_logits_and_gradients_as_the_plain_dlrm(layout, num_users, tmp_path):
+@pytest.mark.parametrize("mlp_path", sorted(SPLIT))
+def test_same_loss_logits_and_gradients_as_the_plain_dlrm(layout, num_users, mlp_path, tmp_path):
     job = _job(layout, tmp_path)
-    plain, ded = _twins(job)
+    plain, ded = _twins(job, mlp_path)
     batch = _batch(job, 40, num_users)
     loss_p, logits_p = plain(batch.expand())
     loss_d, logits_d = ded(batch)
@@ -108,18 +112,20 @@ def test_same_loss_logits_and_gradients_as_the_plain_dlrm(layout, num_users, tmp
         torch.testing.assert_close(_dense(g), _dense(grads_p[name]), rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_state_dict_maps_both_ways(tmp_path):
+def test_state_dict_is_the_plain_models(tmp_path):
     job = _job("demo", tmp_path)
     plain, ded = _twins(job)
+    assert ded.state_dict().keys() == plain.state_dict().keys()  # same modules under the same names
     back = plain_state_dict_from_dedup(ded.state_dict(), job.data.columns)
     assert back.keys() == plain.state_dict().keys()
     for k, v in plain.state_dict().items():
         torch.testing.assert_close(back[k], v)
 
 
-def test_bf16_autocast_stays_close(tmp_path):
+@pytest.mark.parametrize("mlp_path", sorted(SPLIT))
+def test_bf16_autocast_stays_close(mlp_path, tmp_path):
     job = _job("demo", tmp_path)
-    plain, ded = _twins(job)
+    plain, ded = _twins(job, mlp_path)
     batch = _batch(job, 64, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss_p, _ = plain(batch.expand())
@@ -142,12 +148,13 @@ def _full(t) -> torch.Tensor:
     return t.local_shards()[0].tensor if hasattr(t, "local_shards") else t
 
 
-def test_sharded_with_fused_optimizer_trains_identically(gloo_group, tmp_path):
+@pytest.mark.parametrize("mlp_path", sorted(SPLIT))
+def test_sharded_with_fused_optimizer_trains_identically(mlp_path, gloo_group, tmp_path):
     """Under DistributedModelParallel with row-wise Adagrad fused into backward: 3 steps, same losses and weights."""
     job = _job("demo", tmp_path)
     cols = job.data.columns
     plain = build_sharded_model(job, torch.device("cpu"))
-    ded = build_sharded_dedup_model(job, torch.device("cpu"))
+    ded = build_sharded_dedup_model(job, torch.device("cpu"), mlp_split_min_macs=SPLIT[mlp_path])
     torch.manual_seed(1)
     reference = build_dlrm(job, "cpu")
     _copy_weights(reference, plain, lambda s: s)
@@ -190,6 +197,7 @@ def test_job_hooks_pick_the_dedup_model_and_unpack_dedup_batches(gloo_group, tmp
     got = unpack(packed)
     assert got.num_samples == 30 and got.num_users == 4 and got.packed_bytes > 0
     torch.testing.assert_close(got.inverse, b.inverse)
+    assert got.sparse_features.stride() == 30 and got.sparse_features.keys() == job.data.columns.sparse_features
     worker = Worker(job, model, build_dense_optimizer(model, job.train), torch.device("cpu"), 0, 1,
                     NullTracker())
     assert worker.train_step(StepBatch(got, 30, 30, 0.0)) > 0
@@ -205,3 +213,25 @@ def test_job_hooks_pick_the_dedup_model_and_unpack_dedup_batches(gloo_group, tmp
     plain_job = _job("demo", tmp_path).model_copy(update={"ingest": job.ingest.model_copy(update={"dedup": False})})
     assert isinstance(build_job_model(plain_job, torch.device("cpu")).module, DLRMTrain)
     assert dedup_model.batch_codec(plain_job, torch.device("cpu"))[0](plain_packed).labels.numel() == 2
+
+
+def test_mlp_path_rule_follows_the_work_saved(tmp_path):
+    job = _job("demo", tmp_path)
+    model = build_dedup_dlrm(job, "cpu").model
+    # per duplicated sample: 2 user dense x 16 bottom units + 3 user-user pairs x 12 top units
+    assert model.split_saves_macs(64, 8) == (64 - 8) * (2 * 16 + 3 * 12)
+    assert model.split_saves_macs(64, 64) == 0
+    assert model.mlp_split_min_macs == dedup_model.MLP_SPLIT_MIN_MACS
+
+
+def test_padded_kjt_layout(tmp_path):
+    job = _job("demo", tmp_path)
+    b = _batch(job, 10, 3)
+    kjt = b.sparse_features
+    assert kjt.stride() == 10
+    for f in job.data.columns.user_sparse_features:
+        lengths = kjt[f].lengths()
+        torch.testing.assert_close(lengths[:3], b.user_sparse[f].lengths().int())
+        assert int(lengths[3:].sum()) == 0  # B - U empty bags
+    for f in job.data.columns.item_sparse_features:
+        torch.testing.assert_close(kjt[f].values(), b.item_sparse[f].values())

@@ -463,6 +463,8 @@ def _ray_convert_split(files: Sequence[str], columns: DatasetSchema, out_dir: Pa
     import ray
 
     key = _require_key(columns)
+    if not files:
+        raise UserError(f"no Parquet files to convert into {out_dir}")
     out_dir.mkdir(parents=True, exist_ok=True)
     total_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     num_shards = max(1, -(-total_rows // rows_per_shard))
@@ -477,8 +479,15 @@ def _ray_convert_split(files: Sequence[str], columns: DatasetSchema, out_dir: Pa
         batch_format="pyarrow",
         batch_size=None,
     ).take_all()
+    _finalize_split(out_dir, stats, files, columns, report)
+
+
+def _finalize_split(out_dir: Path, stats: list[dict[str, Any]], files: Sequence[str], columns: DatasetSchema,
+                    report: SplitReport) -> None:
+    """Name the shard pairs ``part-K`` in key order, drop strays, fill ``report``."""
+    key = _require_key(columns)
     # Exactly the shards the final output names survive; a retried task's files are removed.
-    stats.sort(key=lambda r: (r["first_key"], r["name"]))
+    stats = sorted(stats, key=lambda r: (r["first_key"], r["name"]))
     keep = {r["name"] for r in stats}
     for sub in (USERS_DIR, SAMPLES_DIR):
         for p in (out_dir / sub).glob("tmp-*.parquet"):
@@ -493,15 +502,31 @@ def _ray_convert_split(files: Sequence[str], columns: DatasetSchema, out_dir: Pa
         report.missing_session_keys += r["missing"]
         report.users_bytes += r["users_bytes"]
         report.samples_bytes += r["samples_bytes"]
-    if not stats:  # an empty split still gets one (empty) pair, so its schema can be read back
-        schema = pq.read_schema(files[0]) if files else None
-        if schema is not None:
-            empty = schema.empty_table().select(columns.columns)
-            users, samples, _ = convert_table(empty, columns)
-            write_shard(users, samples, out_dir, "part-00000", key)
-            stats = [None]
     report.shards = len(stats)
+    if not stats and files:  # an empty split still gets one (empty) pair, so its schema can be read back
+        empty = pq.read_schema(files[0]).empty_table().select(columns.columns)
+        users, samples, _ = convert_table(empty, columns)
+        write_shard(users, samples, out_dir, "part-00000", key)
+        report.shards = 1
     report.source_bytes = sum(Path(f).stat().st_size for f in files)
+
+
+def convert_split_local(files: Sequence[str | Path], columns: DatasetSchema, out_dir: Path,
+                        rows_per_shard: int = DEFAULT_ROWS_PER_SHARD) -> SplitReport:
+    """The converter of one split in this process, without Ray (small data: tests, benchmarks).
+
+    Same output as :func:`convert_to_dedup`'s Ray job; the whole split is held in memory.
+    """
+    key = _require_key(columns)
+    files = [str(f) for f in files]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = pa.concat_tables([pq.read_table(f, columns=columns.columns) for f in files])
+    table = _assign_keys(table, key)
+    stats = _convert_block_with_missing(table, columns.model_dump_json(), str(out_dir), rows_per_shard).to_pylist()
+    report = SplitReport()
+    _finalize_split(out_dir, stats, files, columns, report)
+    return report
 
 
 def _convert_block_with_missing(block: pa.Table, columns_json: str, out_dir: str, rows_per_shard: int) -> pa.Table:
@@ -979,6 +1004,9 @@ def build_dedup_dataset(shards: Sequence[tuple[str, str]], spec: TransformSpec, 
     ops = ingest.operators
     ds = ray.data.read_datasource(
         SessionParquetDatasource(shards, spec.columns, spec.quarantine_dir),
+        # One block per shard pair: Ray Data would otherwise split a pair's block to reach its default
+        # parallelism, and every block ends in a short batch and cuts sessions at its edges.
+        override_num_blocks=len(shards),
         concurrency=ops.read.concurrency,
         ray_remote_args={"num_cpus": ops.read.num_cpus},
     )

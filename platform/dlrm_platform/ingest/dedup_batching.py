@@ -138,6 +138,19 @@ def _gather_jagged(lengths: torch.Tensor, values: torch.Tensor, index: torch.Ten
     return new_lengths, values[pos]
 
 
+def _padded_kjt(user: KeyedJaggedTensor, item: KeyedJaggedTensor, num_users: int, num_samples: int) -> KeyedJaggedTensor:
+    """User and item features in one KJT of stride B: user features padded with B - U empty bags."""
+    fu = len(user.keys())
+    user_lengths = user.lengths().to(torch.int32).view(fu, num_users)
+    if num_samples > num_users:
+        user_lengths = torch.nn.functional.pad(user_lengths, (0, num_samples - num_users))
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=[*user.keys(), *item.keys()],
+        values=torch.cat([user.values().to(torch.int64), item.values().to(torch.int64)]),
+        lengths=torch.cat([user_lengths.reshape(-1), item.lengths().to(torch.int32)]),
+    )
+
+
 @dataclass
 class DedupBatch(Pipelineable):
     """A dedup batch as tensors: ``U`` user rows, ``B`` samples (see the module docstring).
@@ -147,6 +160,12 @@ class DedupBatch(Pipelineable):
     item_dense  float32 [B, Di]       item_sparse  KJT, item keys, stride B
     labels      float32 [B]
     packed_bytes: size of the packed Arrow row it came from (0 when built otherwise)
+    sparse_features: derived, what the model's one embedding collection takes: every key (user,
+        then item) at stride B, each user feature's U user rows followed by B - U empty bags::
+
+            u_cat_0    [17] [4] [9] [] []        <- U = 3 user rows, then empty bags (no lookup)
+            u_history  [3,1,4] [1,5] [] [] []
+            i_cat_0    [5] [8] [2] [5] [7]       <- per sample
     """
 
     user_dense: torch.Tensor
@@ -156,6 +175,11 @@ class DedupBatch(Pipelineable):
     item_sparse: KeyedJaggedTensor
     labels: torch.Tensor
     packed_bytes: int = 0
+    sparse_features: KeyedJaggedTensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.sparse_features is None:
+            self.sparse_features = _padded_kjt(self.user_sparse, self.item_sparse, self.num_users, self.num_samples)
 
     @property
     def num_samples(self) -> int:
@@ -179,6 +203,7 @@ class DedupBatch(Pipelineable):
             item_sparse=self.item_sparse.to(device=device, non_blocking=non_blocking),
             labels=self.labels.to(device=device, non_blocking=non_blocking),
             packed_bytes=self.packed_bytes,
+            sparse_features=self.sparse_features.to(device=device, non_blocking=non_blocking),
         )
 
     def record_stream(self, stream: torch.Stream) -> None:
@@ -186,6 +211,7 @@ class DedupBatch(Pipelineable):
             t.record_stream(stream)
         self.user_sparse.record_stream(stream)
         self.item_sparse.record_stream(stream)
+        self.sparse_features.record_stream(stream)
 
     def pin_memory(self) -> DedupBatch:
         return DedupBatch(
@@ -196,6 +222,7 @@ class DedupBatch(Pipelineable):
             item_sparse=self.item_sparse.pin_memory(),
             labels=self.labels.pin_memory(),
             packed_bytes=self.packed_bytes,
+            sparse_features=self.sparse_features.pin_memory(),
         )
 
     def expand(self) -> Batch:

@@ -1,42 +1,54 @@
 """The dedup-aware DLRM (RecD): the user side computed once per unique user row, then expanded.
 
-It is *the same model* as the plain TorchRec ``DLRM`` of :mod:`.model` (same
-parameters, same function, loss and gradients equal up to float rounding);
-only the order of computation differs. With ``U`` unique user rows for ``B``
-samples (``Fu`` user and ``Fi`` item sparse features, ``Du``/``Di`` user/item
-dense columns, embedding dim ``E``)::
+It is *the same model* as the plain TorchRec ``DLRM`` of :mod:`.model`: the
+same modules under the same names (``model.sparse_arch``, ``model.dense_arch``,
+``model.inter_arch``, ``model.over_arch``), so a plain state dict loads as is
+and the loss and gradients match up to float rounding; only what is computed
+per user row instead of per sample differs. With ``U`` unique user rows for
+``B`` samples (``Fu``/``Fi`` user/item sparse features, ``Du``/``Di`` dense
+columns, embedding dim ``E``, ``inv`` the batch's inverse index)::
 
-    per user row (U)                                 per sample (B)
-    ----------------                                 --------------
-    e_u = user EBC(user KJT)   [U, Fu, E]            e_i = item EBC(item KJT)      [B, Fi, E]
-      (ids + pooled history: the big lookups)
-    h_u = x_u @ W1[:, :Du]^T   [U, H1]               h = x_i @ W1[:, Du:]^T + b1 + h_u[inv]
-      (user columns of the bottom MLP's 1st layer)     d = rest of bottom MLP(relu(h))   [B, E]
-    p_uu = <e_u[a], e_u[b]>, a < b  [U, Fu(Fu-1)/2]  V = [d, e_u[inv], e_i]; the other pairwise dots
-    z_u = p_uu @ T1[:, uu]^T   [U, H]                z = [d, p_rest] @ T1[:, rest]^T + c1 + z_u[inv]
-      (user slice of the top MLP's 1st layer)          logit = rest of top MLP(relu(z))
+    always, per user row (U)                      per sample (B)
+    ------------------------                      --------------
+    e_u = pooled user embeddings   [U, Fu, E]     e_i = pooled item embeddings      [B, Fi, E]
+      (ids and the pooled history: one lookup, one backward scatter and one
+       row-wise Adagrad update per user row instead of per sample)
 
-``inv`` is the batch's inverse index (:mod:`dlrm_platform.ingest.dedup_batching`);
-expansion is ``index_select`` whose backward sums the gradients of a user
-row's samples, so the user side's backward (embedding rows, fused optimizer
-update, the ``W1``/``T1`` user columns) also runs once per user row.
+    MLP path "expand" (default on small MLPs)     MLP path "split" (when it saves enough work)
+    d = bottom([x_u[inv], x_i])                   h_u = x_u W1[:, :Du]^T per user row, added to
+    V = [d, e_u[inv], e_i]                          x_i W1[:, Du:]^T + b1 per sample; rest of bottom
+    top(interactions(V)), as torchrec             p_uu = user-user dots per user row, times the
+                                                    top MLP's first-layer user columns per user row,
+                                                    added to the per-sample part; rest of top MLP
 
-Why the bottom MLP is not fully deduplicated: the plain DLRM feeds *all*
-dense columns (user and item) through one bottom MLP, so after its first
-layer every unit mixes user and item inputs; only the first layer's user
-columns are a function of the user alone. A separate user tower would be a
-different model, and this one must be the plain model (equivalence test). On
-this model the dominant deduplicated work is the user embedding lookups, above
-all the pooled history (~60 ids per sample on the synthetic data), with their
-backward and row-wise Adagrad update. When there are no item dense columns
-the whole bottom MLP runs per user row.
+Both paths compute the plain model's function; expansion is ``index_select``,
+whose backward sums a user row's samples, so the user side's backward also
+runs once per user row.
 
-Parameters keep the plain model's module paths for the MLPs
-(``model.dense_arch``, ``model.over_arch``); the embedding tables (one per
-feature, named ``t_<feature>``) are split into ``model.user_ebc`` and
-``model.item_ebc``. :func:`dedup_state_dict_from_plain` maps a plain state dict
-onto this model (and :func:`plain_state_dict_from_dedup` back), so one set
-of weights runs through both.
+Which MLP path runs is decided per batch by a cost rule
+(:attr:`DedupDLRM.mlp_split_min_macs`). The split saves
+``(B - U) * (Du * H1 + P_uu * H_top)`` multiply-adds of the forward (x3 with the
+backward) but costs ~20 extra small operators. In the plain DLRM the bottom
+MLP takes *all* dense columns (user and item), so after its first layer every
+unit mixes both sides: only the first layer's user columns and the user-user
+pairs' slice of the top MLP's first layer are a function of the user alone,
+and on the demo model (Du = 3, H1 = 64, 6 user-user pairs, H_top = 64) they
+are ~0.5 M multiply-adds per batch of 1024, less than the operator overhead
+of splitting on a CPU (measured: the split path was slower). So there the MLPs
+run per sample on expanded inputs and the embedding side, the bulk of the
+user-side work (the ~60-id history per sample), is deduplicated; models with
+wide user-side MLP slices take the split path. ``benchmarks/dedup.py``
+measures the user-side share of the plain model's step and the speed-up it
+bounds.
+
+Embeddings: one ``EmbeddingBagCollection`` with the plain model's tables
+(``t_<feature>``), fed one KJT of stride ``B`` whose user features hold the
+``U`` user rows followed by ``B - U`` empty bags
+(:attr:`~dlrm_platform.ingest.dedup_batching.DedupBatch.sparse_features`):
+empty bags cost no lookup, and one sharded module keeps
+DistributedModelParallel's per-step overhead that of the plain model
+(two collections, user and item, were measured slower: two input and output
+dists per step).
 """
 
 from __future__ import annotations
@@ -51,8 +63,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
-from torchrec.models.dlrm import DenseArch, OverArch
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch, SparseArch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
@@ -64,6 +75,7 @@ from dlrm_platform.ingest.dedup_batching import DedupBatch, dummy_dedup_batch, i
 from dlrm_platform.train import model as plain_model
 
 __all__ = [
+    "MLP_SPLIT_MIN_MACS",
     "DedupDLRM",
     "DedupDLRMTrain",
     "batch_codec",
@@ -76,56 +88,57 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_PLAIN_EBC = "model.sparse_arch.embedding_bag_collection."
-_USER_EBC = "model.user_ebc."
-_ITEM_EBC = "model.item_ebc."
+# Forward multiply-adds the MLP split must save per batch to be taken (see the module docstring).
+MLP_SPLIT_MIN_MACS = 4_000_000
 
 
 class DedupDLRM(nn.Module):
     """DLRM over a dedup batch; see the module docstring for what runs per user row.
 
     Args:
-        user_ebc / item_ebc: the tables of the user / item sparse features (either may be None when
-            that side has no sparse feature); all tables share one embedding dim.
+        embedding_bag_collection: the tables of every sparse feature, user features first (as the plain model's).
+        user_features: names of the user-side sparse features (the first ``Fu`` keys).
         num_user_dense / num_item_dense: ``Du`` / ``Di``.
         dense_arch_layer_sizes / over_arch_layer_sizes: as ``torchrec.models.dlrm.DLRM``'s.
+        mlp_split_min_macs: take the split MLP path on batches where it saves at least this many
+            forward multiply-adds (0: always, ``float('inf')``: never).
     """
 
     def __init__(
         self,
-        user_ebc: EmbeddingBagCollection | None,
-        item_ebc: EmbeddingBagCollection | None,
+        embedding_bag_collection: EmbeddingBagCollection,
+        user_features: Sequence[str],
         num_user_dense: int,
         num_item_dense: int,
         dense_arch_layer_sizes: Sequence[int],
         over_arch_layer_sizes: Sequence[int],
         dense_device: torch.device | None = None,
+        mlp_split_min_macs: float = MLP_SPLIT_MIN_MACS,
     ) -> None:
         super().__init__()
-        if user_ebc is None and item_ebc is None:
-            raise ValueError("at least one embedding bag collection is required")
         if num_user_dense + num_item_dense < 1:
             raise ValueError("at least one dense column is required")
         if len(over_arch_layer_sizes) < 2:
             raise ValueError("over_arch_layer_sizes needs at least two layers (as torchrec's DLRM)")
-        self.user_ebc = user_ebc
-        self.item_ebc = item_ebc
-        self.user_keys = _feature_names(user_ebc)
-        self.item_keys = _feature_names(item_ebc)
-        dims = {c.embedding_dim for ebc in (user_ebc, item_ebc) if ebc is not None for c in ebc.embedding_bag_configs()}
-        if len(dims) != 1:
-            raise ValueError(f"all tables must share one embedding dim, got {sorted(dims)}")
-        self.E = dims.pop()
+        self.sparse_arch = SparseArch(embedding_bag_collection)
+        keys = self.sparse_arch.sparse_feature_names
+        self.keys = list(keys)
+        self.Fu = len(user_features)
+        if self.keys[: self.Fu] != list(user_features):
+            raise ValueError(f"the tables must list the user features {list(user_features)} first, got {self.keys}")
+        self.F, self.E = len(self.keys), self.sparse_arch.D
+        self.Fi = self.F - self.Fu
         if dense_arch_layer_sizes[-1] != self.E:
             raise ValueError(f"the bottom MLP must end in the embedding dim {self.E}")
         self.Du, self.Di = num_user_dense, num_item_dense
-        self.Fu, self.Fi = len(self.user_keys), len(self.item_keys)
         self.dense_arch = DenseArch(self.Du + self.Di, list(dense_arch_layer_sizes), device=dense_device)
-        num_pairs = (self.Fu + self.Fi + 1) * (self.Fu + self.Fi) // 2
+        self.inter_arch = InteractionArch(num_sparse_features=self.F)
+        num_pairs = (self.F + 1) * self.F // 2
         self.over_arch = OverArch(self.E + num_pairs, list(over_arch_layer_sizes), device=dense_device)
+        self.mlp_split_min_macs = mlp_split_min_macs
 
         # Pairs (i < j) of V = [d, e_u(Fu), e_i(Fi)] in torchrec's order (triu, row-major).
-        tri = torch.triu_indices(self.Fu + self.Fi + 1, self.Fu + self.Fi + 1, offset=1)
+        tri = torch.triu_indices(self.F + 1, self.F + 1, offset=1)
         is_user = (tri[0] >= 1) & (tri[1] <= self.Fu)  # both ends user embeddings
         rest = (~is_user).nonzero().squeeze(1)
         uu = is_user.nonzero().squeeze(1)
@@ -136,20 +149,34 @@ class DedupDLRM(nn.Module):
         # Columns of the top MLP's first layer: [d (E), pairs]; split into per-sample and per-user ones.
         self.register_buffer("top_cols_rest", torch.cat([torch.arange(self.E), self.E + rest]), persistent=False)
         self.register_buffer("top_cols_uu", self.E + uu, persistent=False)
+        h1 = dense_arch_layer_sizes[0]
+        h_top = over_arch_layer_sizes[0]
+        self._split_macs_per_sample = self.Du * h1 * (self.Di > 0) + len(uu) * h_top
 
     # ------------------------------------------------------------------ pieces
 
-    @staticmethod
-    def _pooled(ebc: nn.Module, kjt: KeyedJaggedTensor, keys: list[str], rows: int, dim: int) -> torch.Tensor:
-        kt = ebc(kjt)
-        if list(kt.keys()) == keys:
+    def split_saves_macs(self, num_samples: int, num_users: int) -> int:
+        """Forward multiply-adds the split MLP path saves on a batch of this shape."""
+        if self.Di == 0:  # the whole bottom MLP would run per user row
+            per_sample = sum(a * b for a, b in zip([self.Du, *self.dense_arch_sizes[:-1]], self.dense_arch_sizes,
+                                                   strict=True))
+            return (num_samples - num_users) * (per_sample + self._split_macs_per_sample)
+        return (num_samples - num_users) * self._split_macs_per_sample
+
+    @property
+    def dense_arch_sizes(self) -> list[int]:
+        return [p._linear.out_features for p in self.dense_arch.model._mlp]
+
+    def _embeddings(self, sparse: KeyedJaggedTensor, num_samples: int) -> torch.Tensor:
+        kt = self.sparse_arch.embedding_bag_collection(sparse)
+        if list(kt.keys()) == self.keys:
             values = kt.values()
         else:  # a sharded collection may order its outputs differently
             by_key = kt.to_dict()
-            values = torch.cat([by_key[k] for k in keys], dim=1)
-        return values.reshape(rows, len(keys), dim)
+            values = torch.cat([by_key[k] for k in self.keys], dim=1)
+        return values.reshape(num_samples, self.F, self.E)
 
-    def _bottom(self, user_dense: torch.Tensor, item_dense: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    def _bottom_split(self, user_dense: torch.Tensor, item_dense: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
         mlp = self.dense_arch.model._mlp
         if self.Di == 0:  # the whole bottom MLP is a function of the user: run it per user row
             return self.dense_arch(user_dense).index_select(0, inverse)
@@ -163,28 +190,11 @@ class DedupDLRM(nn.Module):
             h = layer(h)
         return h
 
-    def forward(
-        self,
-        user_dense: torch.Tensor,
-        user_sparse: KeyedJaggedTensor | None,
-        inverse: torch.Tensor,
-        item_dense: torch.Tensor,
-        item_sparse: KeyedJaggedTensor | None,
-    ) -> torch.Tensor:
-        """Logits [B, 1] of the samples; ``inverse`` [B] maps each sample to its user row."""
-        num_users, num_samples = user_dense.shape[0], inverse.shape[0]
-        d = self._bottom(user_dense, item_dense, inverse)  # [B, E]
-        parts = [d.unsqueeze(1)]
-        e_u = None
-        if self.user_ebc is not None:
-            e_u = self._pooled(self.user_ebc, user_sparse, self.user_keys, num_users, self.E)  # [U, Fu, E]
-            parts.append(e_u.index_select(0, inverse))
-        if self.item_ebc is not None:
-            parts.append(self._pooled(self.item_ebc, item_sparse, self.item_keys, num_samples, self.E))
-        v = torch.cat(parts, dim=1)  # [B, F + 1, E]
+    def _top_split(self, d: torch.Tensor, e_u: torch.Tensor, e_u_exp: torch.Tensor, e_i: torch.Tensor,
+                   inverse: torch.Tensor) -> torch.Tensor:
+        v = torch.cat([d.unsqueeze(1), e_u_exp, e_i], dim=1)  # [B, F + 1, E]
         inter = torch.bmm(v, v.transpose(1, 2))
         top_in = torch.cat([d, inter[:, self.pair_rest_i, self.pair_rest_j]], dim=1)
-
         mlp = self.over_arch.model[0]._mlp
         first = mlp[0]
         w, b = first._linear.weight, first._linear.bias
@@ -197,11 +207,24 @@ class DedupDLRM(nn.Module):
             h = layer(h)
         return self.over_arch.model[1](h)
 
-
-def _feature_names(ebc: EmbeddingBagCollection | None) -> list[str]:
-    if ebc is None:
-        return []
-    return [f for c in ebc.embedding_bag_configs() for f in c.feature_names]
+    def forward(
+        self,
+        user_dense: torch.Tensor,
+        inverse: torch.Tensor,
+        item_dense: torch.Tensor,
+        sparse: KeyedJaggedTensor,
+    ) -> torch.Tensor:
+        """Logits [B, 1]. ``sparse``: every feature at stride B, user features in their first U bags."""
+        num_users, num_samples = user_dense.shape[0], inverse.shape[0]
+        e = self._embeddings(sparse, num_samples)  # [B, F, E]
+        e_u = e[:num_users, : self.Fu]  # [U, Fu, E]: the user rows' pooled embeddings
+        e_u_exp = e_u.index_select(0, inverse)
+        e_i = e[:, self.Fu :]
+        if self.split_saves_macs(num_samples, num_users) >= self.mlp_split_min_macs:
+            d = self._bottom_split(user_dense, item_dense, inverse)
+            return self._top_split(d, e_u, e_u_exp, e_i, inverse)
+        d = self.dense_arch(torch.cat([user_dense.index_select(0, inverse), item_dense], dim=1))
+        return self.over_arch(self.inter_arch(d, torch.cat([e_u_exp, e_i], dim=1)))
 
 
 class DedupDLRMTrain(nn.Module):
@@ -213,48 +236,38 @@ class DedupDLRMTrain(nn.Module):
         self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
 
     def forward(self, batch: DedupBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(
-            batch.user_dense, batch.user_sparse, batch.inverse, batch.item_dense, batch.item_sparse
-        ).squeeze(-1)
+        logits = self.model(batch.user_dense, batch.inverse, batch.item_dense, batch.sparse_features).squeeze(-1)
         loss_sum = self.loss_fn(logits, batch.labels.float())
         return loss_sum, logits.detach()
 
 
-def _side_configs(job: JobConfig) -> tuple[list[EmbeddingBagConfig], list[EmbeddingBagConfig]]:
-    configs = {c.feature_names[0]: c for c in plain_model.embedding_bag_configs(job)}
-    cols = job.data.columns
-    return [configs[f] for f in cols.user_sparse_features], [configs[f] for f in cols.item_sparse_features]
-
-
-def build_dedup_dlrm(job: JobConfig, device: torch.device | str = "meta") -> DedupDLRMTrain:
-    """The unsharded dedup DLRM of ``job`` (same tables and MLPs as ``model.build_dlrm``)."""
+def build_dedup_dlrm(job: JobConfig, device: torch.device | str = "meta",
+                     mlp_split_min_macs: float = MLP_SPLIT_MIN_MACS) -> DedupDLRMTrain:
+    """The unsharded dedup DLRM of ``job``: the tables and MLPs of ``model.build_dlrm``."""
     device = torch.device(device)
-    user_cfgs, item_cfgs = _side_configs(job)
     cols: DatasetSchema = job.data.columns
     return DedupDLRMTrain(
         DedupDLRM(
-            user_ebc=EmbeddingBagCollection(tables=user_cfgs, device=device) if user_cfgs else None,
-            item_ebc=EmbeddingBagCollection(tables=item_cfgs, device=device) if item_cfgs else None,
+            EmbeddingBagCollection(tables=plain_model.embedding_bag_configs(job), device=device),
+            user_features=cols.user_sparse_features,
             num_user_dense=len(cols.user.dense),
             num_item_dense=len(cols.item.dense),
             dense_arch_layer_sizes=job.train.bottom_mlp,
             over_arch_layer_sizes=job.train.top_mlp,
             dense_device=device,
+            mlp_split_min_macs=mlp_split_min_macs,
         )
     )
 
 
-def _embedding_parameters(model: DedupDLRMTrain) -> list[nn.Parameter]:
-    return [p for ebc in (model.model.user_ebc, model.model.item_ebc) if ebc is not None for p in ebc.parameters()]
-
-
-def build_sharded_dedup_model(job: JobConfig, device: torch.device) -> DistributedModelParallel:
+def build_sharded_dedup_model(job: JobConfig, device: torch.device,
+                              mlp_split_min_macs: float = MLP_SPLIT_MIN_MACS) -> DistributedModelParallel:
     """As ``model.build_sharded_model`` for the dedup model: fused row-wise Adagrad, same sharding plan."""
     torch.manual_seed(job.train.seed)
-    model = build_dedup_dlrm(job, "meta")
+    model = build_dedup_dlrm(job, "meta", mlp_split_min_macs)
     apply_optimizer_in_backward(
         RowWiseAdagrad,
-        _embedding_parameters(model),
+        model.model.sparse_arch.parameters(),
         {"lr": job.train.embedding_learning_rate, "eps": plain_model.ADAGRAD_EPS},
     )
     world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -265,35 +278,15 @@ def build_sharded_dedup_model(job: JobConfig, device: torch.device) -> Distribut
     return DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
 
 
-def _remap(state: Mapping[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
-    out = {}
-    for key, value in state.items():
-        for old, new in mapping.items():
-            if key.startswith(old):
-                key = new + key[len(old):]
-                break
-        out[key] = value
-    return out
+def dedup_state_dict_from_plain(state: Mapping[str, Any], columns: DatasetSchema | None = None) -> dict[str, Any]:
+    """A ``DLRMTrain`` state dict for :class:`DedupDLRMTrain`: the same names, so a copy (kept as the one
+    place that would map names if the two models' layouts ever diverged)."""
+    return dict(state)
 
 
-def _table_prefixes(columns: DatasetSchema, src_user: str, src_item: str, dst_user: str,
-                    dst_item: str) -> dict[str, str]:
-    mapping = {}
-    for f in columns.user_sparse_features:
-        mapping[f"{src_user}embedding_bags.{plain_model.table_name(f)}."] = f"{dst_user}embedding_bags.{plain_model.table_name(f)}."
-    for f in columns.item_sparse_features:
-        mapping[f"{src_item}embedding_bags.{plain_model.table_name(f)}."] = f"{dst_item}embedding_bags.{plain_model.table_name(f)}."
-    return mapping
-
-
-def dedup_state_dict_from_plain(state: Mapping[str, Any], columns: DatasetSchema) -> dict[str, Any]:
-    """A ``DLRMTrain`` state dict renamed for :class:`DedupDLRMTrain` (the MLP keys are already shared)."""
-    return _remap(state, _table_prefixes(columns, _PLAIN_EBC, _PLAIN_EBC, _USER_EBC, _ITEM_EBC))
-
-
-def plain_state_dict_from_dedup(state: Mapping[str, Any], columns: DatasetSchema) -> dict[str, Any]:
+def plain_state_dict_from_dedup(state: Mapping[str, Any], columns: DatasetSchema | None = None) -> dict[str, Any]:
     """The inverse of :func:`dedup_state_dict_from_plain`."""
-    return _remap(state, _table_prefixes(columns, _USER_EBC, _ITEM_EBC, _PLAIN_EBC, _PLAIN_EBC))
+    return dict(state)
 
 
 # --------------------------------------------------------------------------- hooks for the train loop
