@@ -209,7 +209,7 @@ def start_cluster(pipe: PipelineDef, kind: str):
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     if kind == "local":
-        ray.init(num_cpus=pipe.cluster.num_cpus, object_store_memory=pipe.cluster.object_store_mb * 1024**2,
+        ray.init(address="local", num_cpus=pipe.cluster.num_cpus, object_store_memory=pipe.cluster.object_store_mb * 1024**2,
                  include_dashboard=False, log_to_driver=False)
         return None
     from ray.cluster_utils import Cluster
@@ -330,6 +330,55 @@ def print_table(kind: str, s: dict, policies: list[str]) -> None:
     print(f"stalls: {s['stalls']}, crashes: { {p: c for p, c in s['crashes'].items() if c} }")
 
 
+def simulated_suite(pipe: PipelineDef, policies: list[str], args) -> dict:
+    """The same comparison in the pipeline simulator calibrated with the YAML's true costs
+    (block-granular, noisy counters): the policies' logic without this machine's noise."""
+    from dlrm_platform.tuner.simulator import run_controller_in_sim
+    from dlrm_platform.tuner.spec import TunerSpec
+
+    out: dict = {"throughput": {}, "seconds_to_95pct": {}, "shift": {}}
+    steps = int(args.run_s)
+    for pol in policies:
+        opts = {}
+        if pol == "ray_default":
+            continue  # Ray's own autoscaler is not simulated
+        if pol == "oracle":
+            opts = {"oracle_candidates": oracle_shortlist(pipe, args.oracle_k), "oracle_measure_s": 5.0}
+        extra = int(args.oracle_k * 5 + 10) if pol == "oracle" else 0
+        vals, t95s = [], []
+        for seed in range(3):
+            sim = from_profile(pipe.ground_truth())
+            spec = TunerSpec(f"sim-{pol}", pol, sim.budget, pipe.op_specs(), options=dict(opts))
+            tr = run_controller_in_sim(sim, spec, steps=steps + extra, seed=seed)
+            thr = np.array([x["throughput"] for x in tr])
+            final = float(thr[int(0.6 * len(thr)):].mean())
+            vals.append(final)
+            hit = np.flatnonzero(thr >= 0.95 * final)
+            t95s.append(float(hit[0] + 1) if len(hit) else None)
+        out["throughput"][pol] = float(np.mean(vals))
+        out["seconds_to_95pct"][pol] = float(np.mean([t for t in t95s if t is not None])) if any(t95s) else None
+        if pipe.shift is not None and pol != "oracle":
+            recs, posts = [], []
+            for seed in range(3):
+                sim = from_profile(pipe.ground_truth())
+                spec = TunerSpec(f"sims-{pol}", pol, sim.budget, pipe.op_specs(), options=dict(opts))
+                at = int(pipe.shift.at_s)
+                tr = run_controller_in_sim(sim, spec, steps=int(args.shift_run_s), seed=seed, shift_at=at,
+                                           shift=(pipe.shift.operator, pipe.shift.factor))
+                thr = np.array([x["throughput"] for x in tr])
+                post = float(thr[at + int(0.6 * (len(thr) - at)):].mean())
+                hit = np.flatnonzero(thr[at:] >= 0.95 * post)
+                recs.append(float(hit[0] + 1) if len(hit) else None)
+                posts.append(post)
+            out["shift"][pol] = {"recovered_samples_per_s": float(np.mean(posts)), "recovery_s": recs,
+                                 "post_shift_optimum": tr[-1]["t_opt"]}
+    rl = out["throughput"].get("rl")
+    for base in ("oracle", "plumber", "hill_climb", "static"):
+        if rl and out["throughput"].get(base):
+            out[f"rl_vs_{base}"] = rl / out["throughput"][base]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pipeline", default=str(ROOT / "benchmarks/pipelines/dlrm_preprocessing.yaml"))
@@ -342,18 +391,31 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--oracle-k", type=int, default=8)
     ap.add_argument("--plot-dir", type=Path, default=ROOT / "runs" / "bench" / "tuner")
+    ap.add_argument("--sim-only", action="store_true", help="only the simulated comparison (seconds, no Ray)")
     args = ap.parse_args(argv)
     args.plot_dir.mkdir(parents=True, exist_ok=True)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     pipe = load_pipeline(args.pipeline)
     kinds = ["local", "multinode"] if args.cluster == "both" else [args.cluster]
     report: dict = {"pipeline": pipe.name, "load_average_at_start": os.getloadavg()}
+    sim = simulated_suite(pipe, policies, args)
+    print("\n== simulated (true cost model, block-granular noisy counters; no Ray)")
+    for p, v in sim["throughput"].items():
+        print(f"  {p:<12}{v:>10,.0f} samples/s   95% after {sim['seconds_to_95pct'][p]} s"
+              + (f"   shift: recovers to {sim['shift'][p]['recovered_samples_per_s']:,.0f} in"
+                 f" {sim['shift'][p]['recovery_s']} s" if p in sim["shift"] else ""))
+    for k in ("rl_vs_oracle", "rl_vs_plumber", "rl_vs_hill_climb", "rl_vs_static"):
+        if k in sim:
+            print(f"  {k}: {sim[k]:.3f}")
+    report["simulated"] = sim
+    if args.sim_only:
+        kinds = []
     for kind in kinds:
         suite = run_suite(pipe, kind, policies, args)
         s = summarise(pipe, suite, policies)
         print_table(kind, s, policies)
         report[kind] = {**s, "raw": suite}
-    top = report[kinds[0]]
+    top = report[kinds[0]] if kinds else report["simulated"]
     out = {k: top[k] for k in ("throughput", "rl_vs_oracle", "rl_vs_ray_default", "rl_vs_plumber",
                                "rl_vs_hill_climb", "rl_seconds_to_95pct", "stalls") if k in top}
     out.update({k: v for k, v in report.items() if k not in out})

@@ -41,13 +41,13 @@ def test_plumber_reaches_the_optimum():
 
 def test_hill_climb_adds_where_it_helps_until_nothing_helps():
     pipe = _pipe()
-    trace = run_controller_in_sim(pipe, _spec("hill_climb", pipe, hill_measure_s=3.0), steps=160)
+    trace = run_controller_in_sim(pipe, _spec("hill_climb", pipe), steps=80)
     allocs = [x["allocation"] for x in trace]
     assert allocs[1] == {"a": 1, "b": 1, "c": 1}  # AUTOTUNE-style: starts at one slot each
     sizes = [sum(a.values()) for a in allocs]
     assert max(sizes) <= 13
-    assert _tail(trace) > 0.6
-    # it only ever adds to its base allocation: b (the bottleneck) gets the most
+    assert _tail(trace) > 0.7 and sum(allocs[-1].values()) == 13  # sqrt-like split: not the max-min optimum
+    # it spends the budget, most where the latency model says (b is the most expensive)
     final = allocs[-1]
     assert final["b"] == max(final.values())
 

@@ -72,7 +72,10 @@ def featurize(
     fs: FeatureState,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(flat observation vector incl. mask, bool mask). Updates the throughput memory in ``fs``."""
-    thr = max(obs.throughput, 0.0)
+    # the steadier of the two throughput measurements (the short one restarts at every change)
+    thr = max(float(obs.extra.get("throughput_long", obs.throughput)), 0.0)
+    if obs.since_change_s >= 3.0:
+        thr = max(obs.throughput, 0.0)
     # Smooth the best-seen with a slow decay so that a cost shift (new lower optimum)
     # does not leave the agent chasing an unreachable past throughput forever.
     fs.best = max(thr, fs.best * 0.995)
@@ -102,7 +105,7 @@ def featurize(
             n * s.num_cpus / budget,
             float(np.clip(o.util, 0.0, 1.5)),
             ratio,
-            1.0 if o.capacity is not None else 0.0,
+            1.0 if o.measured else 0.0,
             math.tanh(o.queue_blocks / (n + 1.0)),
             float(np.clip(o.backpressure, 0.0, 1.0)),
             1.0 if n <= s.min_slots else 0.0,

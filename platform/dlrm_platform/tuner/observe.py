@@ -64,6 +64,7 @@ class OpObs:
     completed: bool = False
     capacity: float | None = None  # samples/s this op could sustain at `slots` (filled by observe)
     pool_size: int | None = None   # actors alive + pending (actor pools)
+    measured: bool = False         # rate_per_slot measured in this window (else remembered)
     tasks_now: float = 0.0         # tasks running at the end of the window
 
 
@@ -171,6 +172,7 @@ def observe(
     factors = sink_factors([o.element_ratio for o in ops], spr)
     for o, f in zip(ops, factors):
         if o.rate_per_slot is not None:
+            o.measured = True
             o.capacity = o.slots * o.rate_per_slot * f
     spilled = sum(max(cur.ops.get(n, RawOp()).spilled_bytes - prev.ops.get(n, RawOp()).spilled_bytes, 0.0)
                   for n in names)
@@ -205,8 +207,11 @@ class WindowedObserver:
     reaches back past the last allocation change (plus a settle time), so a
     measurement describes the allocation in force. Used live and in simulation."""
 
-    def __init__(self, window_s: float = 3.0, settle_s: float = 1.0, keep_s: float = 30.0):
+    def __init__(self, window_s: float = 3.0, settle_s: float = 1.0, keep_s: float = 30.0,
+                 long_window_s: float = 5.0):
         self.window_s = window_s
+        self.long_window_s = long_window_s
+        self.rates: dict[str, float] = {}
         self.settle_s = settle_s
         self.keep_s = keep_s
         self.snaps: list[RawSnapshot] = []
@@ -222,6 +227,7 @@ class WindowedObserver:
         self.last_change_t = t
 
     def clear(self) -> None:
+        """Forget the snapshots (a new execution restarts the counters); keep the learned rates."""
         self.snaps.clear()
 
     def since_change(self) -> float:
@@ -247,5 +253,25 @@ class WindowedObserver:
         prev = self.base(window_s)
         if prev is None:
             return None
-        return observe(prev, self.snaps[-1], alloc, cpus, budget, since_change_s=self.since_change(),
-                       samples_per_sink_row=samples_per_sink_row)
+        obs = observe(prev, self.snaps[-1], alloc, cpus, budget, since_change_s=self.since_change(),
+                      samples_per_sink_row=samples_per_sink_row)
+        # Rates per slot outlive a window: an operator whose tasks did not finish inside a
+        # short window (block granularity) keeps its last measured rate, and its capacity
+        # follows its current number of slots.
+        factors = obs.extra["sink_factors"]
+        for o, f in zip(obs.ops, factors):
+            if o.rate_per_slot is not None:
+                old = self.rates.get(o.name)
+                self.rates[o.name] = o.rate_per_slot if old is None else 0.5 * old + 0.5 * o.rate_per_slot
+            elif o.name in self.rates and not o.completed:
+                o.rate_per_slot = self.rates[o.name]
+                o.capacity = o.slots * o.rate_per_slot * f
+        # throughput over the full window, across changes: steadier than the post-change one
+        first = next((sn for sn in self.snaps if sn.t >= self.snaps[-1].t - self.long_window_s), self.snaps[0])
+        if first is not self.snaps[-1]:
+            span = self.snaps[-1].t - first.t
+            obs.extra["throughput_long"] = max(self.snaps[-1].sink_rows - first.sink_rows, 0.0) / span \
+                * samples_per_sink_row
+        else:
+            obs.extra["throughput_long"] = obs.throughput
+        return obs

@@ -5,9 +5,9 @@
 * ``plumber``     - operational analysis: per-slot rates from measured busy time and element
                     ratios, the LP that maximises the slowest operator (``plumber.solve_lp``);
                     re-planned from fresh measurements every ``plumber_replan_s``.
-* ``hill_climb``  - tf.data AUTOTUNE-style: start at one slot each, measure, add one slot
-                    where it helps most (the model's best candidates, each measured live),
-                    until nothing helps or the budget is spent.
+* ``hill_climb``  - tf.data AUTOTUNE-style: start at one slot each; step by step, add one
+                    slot where the (live-measured) latency model says it helps most, until
+                    nothing helps or the budget is spent; re-optimise periodically.
 * ``oracle``      - exhaustive search over whole allocations within the budget, each measured
                     live; when there are too many, the model's best ``oracle_max_measured``
                     (or the benchmark's ground-truth shortlist) are measured. Benchmarking only.
@@ -118,80 +118,82 @@ class PlumberPolicy(Policy):
 
 
 class HillClimbPolicy(Policy):
+    """tf.data AUTOTUNE-style hill climbing.
+
+    AUTOTUNE models the pipeline's output latency as the sum over operators of
+    their per-element time divided by their parallelism, and greedily adds one
+    unit of parallelism where the modelled latency drops most, until the budget
+    is spent or nothing helps (the gain falls under ``hill_min_gain``). Here the
+    per-element times are measured live (worker busy time per output sample), the
+    climb starts at one slot per operator and takes one step per ``hill_measure_s``
+    so each step is measured before the next; every ``hill_reprobe_s`` it re-runs
+    the greedy from scratch on fresh measurements (as AUTOTUNE re-optimises
+    periodically) and moves there if the modelled latency drops.
+    """
+
     name = "hill_climb"
 
     def __init__(self, spec: TunerSpec):
         super().__init__(spec)
-        self.measure_s = float(self.opts.get("hill_measure_s", 5.0))
+        self.measure_s = float(self.opts.get("hill_measure_s", 3.0))
         self.eps = float(self.opts.get("hill_min_gain", 0.01))
-        self.trials_per_step = int(self.opts.get("hill_trials", 2))
-        self.reprobe_s = float(self.opts.get("hill_reprobe_s", 30.0))
+        self.reprobe_s = float(self.opts.get("hill_reprobe_s", 20.0))
         self.phase = "start"
-        self.base: Allocation | None = None
-        self.base_thr = 0.0
-        self.queue: list[str] = []
-        self.results: list[tuple[float, Allocation]] = []
         self.mem = _RateMemory()
         self.steps = 0
 
-    def _candidates(self, alloc, specs, budget, obs) -> list[str]:
-        free_only = [s.name for s in specs
-                     if used_cpus(alloc, specs) + s.num_cpus <= budget + 1e-9 and can_grow(s.name, alloc, specs, budget)]
-        rates = self.mem.rates
-        caps = {n: alloc[n] * rates[n] if n in rates else None for n in free_only}
-        # The model ranks; measurement decides. Unmeasured operators first (they may be the bottleneck).
-        ranked = sorted(free_only, key=lambda n: (caps[n] is not None, caps[n] or 0.0))
-        return ranked[: self.trials_per_step]
+    @staticmethod
+    def _latency(alloc, per_slot) -> float:
+        return sum(1.0 / (alloc[n] * per_slot[n]) for n in alloc)
+
+    def _best_step(self, alloc, specs, budget, per_slot) -> tuple[str | None, float]:
+        best, gain = None, 0.0
+        for s in specs:
+            if used_cpus(alloc, specs) + s.num_cpus > budget + 1e-9 or alloc[s.name] + 1 > s.upper(budget):
+                continue
+            n, r = alloc[s.name], per_slot[s.name]
+            g = (1.0 / (n * r) - 1.0 / ((n + 1) * r)) / s.num_cpus  # latency saved per CPU
+            if g > gain:
+                best, gain = s.name, g
+        return best, gain
+
+    def _greedy(self, specs, budget, per_slot) -> Allocation:
+        alloc = {s.name: s.min_slots for s in specs}
+        while True:
+            name, gain = self._best_step(alloc, specs, budget, per_slot)
+            if name is None or gain * self._cpu_scale(specs) < self.eps * self._latency(alloc, per_slot):
+                return alloc
+            alloc[name] += 1
+
+    @staticmethod
+    def _cpu_scale(specs) -> float:
+        return min(s.num_cpus for s in specs)
 
     def decide(self, obs, alloc, specs, budget):
         self.mem.update(obs, 1.0)
         if self.phase == "start":
-            self.phase = "base"
-            start = self.opts.get("hill_start", "min")
-            if start == "min":
+            self.phase = "climb"
+            if self.opts.get("hill_start", "min") == "min":
                 return {s.name: s.min_slots for s in specs}
             return None
         if obs.since_change_s < self.measure_s:
             return None
-        if self.phase == "base":
-            self.base, self.base_thr = dict(alloc), obs.throughput
-            self.queue = self._candidates(alloc, specs, budget, obs)
-            self.results = []
-            if not self.queue:
+        per_slot = per_slot_samples(obs, self.mem.rates)
+        per_slot.update({n: v for n, v in self.mem.rates.items() if n in per_slot})
+        if self.phase == "climb":
+            name, gain = self._best_step(alloc, specs, budget, per_slot)
+            if name is None or gain * self._cpu_scale(specs) < self.eps * self._latency(alloc, per_slot):
                 self.phase = "done"
                 return None
-            self.phase = "trial"
-            nxt = dict(self.base)
-            nxt[self.queue[0]] += 1
-            return nxt
-        if self.phase == "trial":
-            self.results.append((obs.throughput, dict(alloc)))
-            self.queue.pop(0)
-            if self.queue:
-                nxt = dict(self.base)
-                nxt[self.queue[0]] += 1
-                return nxt
-            best_thr, best = max(self.results, key=lambda r: r[0])
-            if best_thr > self.base_thr * (1 + self.eps):
-                self.steps += 1
-                self.base, self.base_thr = best, best_thr
-                self.phase = "base"
-                if best != alloc:
-                    return best
-                # already there: measure the next round from here
-                self.queue = self._candidates(alloc, specs, budget, obs)
-                self.results = []
-                if not self.queue:
-                    self.phase = "done"
-                    return None
-                self.phase = "trial"
-                nxt = dict(self.base)
-                nxt[self.queue[0]] += 1
-                return nxt
-            self.phase = "done"
-            return self.base if self.base != alloc else None
+            self.steps += 1
+            new = dict(alloc)
+            new[name] += 1
+            return new
         if self.phase == "done" and obs.since_change_s >= self.reprobe_s:
-            self.phase = "base"
+            target = self._greedy(specs, budget, per_slot)
+            if target != alloc and self._latency(target, per_slot) < (1 - self.eps) * self._latency(alloc, per_slot):
+                self.steps += 1
+                return target
         return None
 
     def describe(self) -> str:

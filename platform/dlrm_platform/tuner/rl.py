@@ -81,6 +81,10 @@ class RLPolicyRunner:
         budget: float,
         fs: FeatureState,
     ) -> tuple[Allocation | None, str]:
+        if any(o.rate_per_slot is None for o in obs.ops if not o.completed):
+            # some operator has not finished a task yet: nothing to compare, hold
+            fs.tick()
+            return None, "hold (warming up)"
         vec, mask = featurize(obs, alloc, specs, budget, fs)
         a = self.choose(vec, mask)
         caps = {o.name: o.capacity for o in obs.ops}

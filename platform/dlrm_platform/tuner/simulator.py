@@ -61,6 +61,7 @@ class SimPipeline:
     consumer_rate: float = math.inf     # samples/s the trainers can take
     mem_limit: float = 2e9              # bytes
     noise: float = 0.06                 # multiplicative measurement noise (std of log)
+    lumpy: bool = False                 # outputs become visible a block at a time (as live)
 
     @property
     def names(self) -> list[str]:
@@ -218,9 +219,10 @@ class NoisyCounters:
     """Adds mean-preserving multiplicative noise to counter increments, as block
     granularity and scheduling jitter do to live measurements."""
 
-    def __init__(self, sigma: float, rng: np.random.Generator):
+    def __init__(self, sigma: float, rng: np.random.Generator, block_rows: float = 0.0):
         self.sigma = sigma
         self.rng = rng
+        self.block_rows = block_rows  # >0: outputs become visible a whole block at a time
         self.prev_true: RawSnapshot | None = None
         self.acc: dict[str, list[float]] = {}
         self.sink = 0.0
@@ -238,10 +240,18 @@ class NoisyCounters:
             po = self.prev_true.ops[n]
             self.acc[n][0] += (o.rows_out - po.rows_out) * z()
             self.acc[n][1] += (o.slot_seconds - po.slot_seconds) * z()
-            ops[n] = replace(o, rows_out=self.acc[n][0], slot_seconds=self.acc[n][1])
+            rows, busy = self.acc[n][0], self.acc[n][1]
+            if self.block_rows > 0 and rows > 0:
+                # tasks report when a block is done: rows and their busy time arrive in lumps
+                seen = math.floor(rows / self.block_rows) * self.block_rows
+                busy, rows = busy * seen / rows, seen
+            ops[n] = replace(o, rows_out=rows, slot_seconds=self.acc[n][1], busy_seconds=busy)
         self.sink += (snap.sink_rows - self.prev_true.sink_rows) * z()
+        sink = self.sink
+        if self.block_rows > 0:
+            sink = math.floor(sink / self.block_rows) * self.block_rows
         self.prev_true = snap
-        return replace(snap, ops=ops, sink_rows=self.sink)
+        return replace(snap, ops=ops, sink_rows=sink)
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -274,6 +284,11 @@ def random_pipeline(rng: np.random.Generator, k: int | None = None) -> SimPipeli
                        row_bytes=float(rng.uniform(100, 2000)),
                        noise=float(rng.uniform(0.03, 0.12)))
     pipe.mem_limit = float(pipe.row_bytes * block_rows * rng.uniform(20, 400))
+    if rng.random() < 0.6:
+        pipe.lumpy = True
+        _, t_opt = pipe.optimum()
+        # 2 to 40 blocks per second through the pipeline at its optimum
+        pipe.block_rows = float(max(1.0, t_opt / pipe.samples_per_sink_row / rng.uniform(2, 40)))
     if rng.random() < 0.15:
         _, t_opt = pipe.optimum()
         pipe.consumer_rate = t_opt * float(rng.uniform(0.3, 0.9))
@@ -297,6 +312,7 @@ def from_profile(profile: dict, rng: np.random.Generator | None = None, jitter: 
         row_bytes=float(profile.get("row_bytes", 500.0)),
         mem_limit=float(profile.get("mem_limit", 2e9)),
         noise=float(profile.get("noise", 0.06)),
+        lumpy=bool(profile.get("lumpy", True)),
     )
 
 
@@ -385,7 +401,7 @@ def make_env_class():
             self.alloc = options.get("allocation") or initial_allocation(self.pipe, self.rng)
             self.sim = PipelineSim(self.pipe, self.rng)
             self.sim.set_allocation(self.alloc)
-            self.noise = NoisyCounters(self.pipe.noise, self.rng)
+            self.noise = NoisyCounters(self.pipe.noise, self.rng, self.pipe.block_rows if self.pipe.lumpy else 0.0)
             self.observer = WindowedObserver(self.cfg.window_s, self.cfg.settle_s)
             self.fs = FeatureState(self.pipe.names)
             self.steps = 0
@@ -484,7 +500,7 @@ def run_controller_in_sim(
     ctl = Controller(spec)
     sim = PipelineSim(pipe, rng)
     sim.set_allocation(ctl.allocation)
-    noise = NoisyCounters(pipe.noise, rng)
+    noise = NoisyCounters(pipe.noise, rng, pipe.block_rows if pipe.lumpy else 0.0)
     ctl.start_epoch()
     ctl.tick(noise(RawSnapshot(0.0, {n: RawOp() for n in pipe.names}, 0.0, 0.0, pipe.mem_limit)), pipe.budget)
     _, t_opt = pipe.optimum()
