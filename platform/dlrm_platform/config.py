@@ -233,7 +233,9 @@ class TrainConfig(StrictModel):
     dense_optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
     learning_rate: float = Field(0.05, gt=0)
     embedding_learning_rate: float = Field(0.05, gt=0)
-    precision: Literal["auto", "fp32", "bf16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="bf16 autocast for the MLPs where the hardware gains from it (train/perf.py)"
+    )
     sharding: Literal["auto", "table_wise", "data_parallel", "column_wise", "table_column_wise"] = "auto"
     log_every_steps: int = Field(20, ge=1)
     checkpoint_every_steps: int | None = Field(default=None, ge=1)

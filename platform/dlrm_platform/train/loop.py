@@ -25,11 +25,27 @@ spread over workers (batches differ in size: the last of each read task is
 smaller). Fused embedding gradients are not averaged by DDP; row-wise Adagrad
 is invariant to that scale.
 
+Overlap. Each worker reads and unpacks its own next batches on a background
+thread (:class:`BatchPrefetcher`, ``ingest.prefetch_batches`` ahead; on CUDA
+it also pins them and copies them to the GPU on a side stream) while the
+current step computes. Only host-side assembly runs ahead: the has-batch
+all-reduce, and so the lockstep sequence of steps, stays on the training
+thread, and no more tables are read than the steps can take (``max_steps``).
+TorchRec's ``TrainPipelineSparseDist`` would also overlap the sparse
+input all-to-all, but it owns forward, backward and the optimizer step and
+rewrites the model's forward, which leaves no room for the zero-weight
+lockstep steps and the per-step loss weights above.
+
 Data wait. Per step, ``wait`` is the time from the end of the previous step
 until every worker has its next batch as tensors (fetch from the shard,
-unpack, has-batch all-reduce); ``compute`` is forward, backward and the
-optimizer step. The data-wait fraction ``wait / (wait + compute)``, summed
-over workers, is the platform's central metric.
+unpack, has-batch all-reduce); with the prefetcher, fetching and unpacking
+mostly happened during the previous step and ``wait`` is what remains;
+``compute`` is forward, backward and the optimizer step. The data-wait
+fraction ``wait / (wait + compute)``, summed over workers, is the platform's
+central metric.
+
+Hardware. Before building the model each worker sets its CPU threads and
+picks its precision (:mod:`.perf`) and says so in the run log.
 """
 
 from __future__ import annotations
@@ -38,9 +54,11 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,10 +74,21 @@ from dlrm_platform.train.checkpoint import TrainProgress, load_checkpoint, save_
 from dlrm_platform.train.metrics import auc, logloss_from_logits
 from dlrm_platform.train.dedup_model import batch_codec, build_job_model
 from dlrm_platform.train.model import build_dense_optimizer
+from dlrm_platform.train.perf import (
+    Precision,
+    ThreadPlan,
+    apply_precision,
+    configure_threads,
+    plan_threads,
+    ray_assigned_cpus,
+    resolve_precision,
+    visible_cpus,
+)
 from dlrm_platform.train.tracking import Tracker, make_tracker
 
 __all__ = [
     "FAULT_FILE_ENV",
+    "BatchPrefetcher",
     "EpochStats",
     "LoopConfig",
     "StepBatch",
@@ -129,27 +158,161 @@ class StepBatch:
     stats: dict[str, float] = field(default_factory=dict)  # packed_batch_stats: batch_bytes, dedup_factor
 
 
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()
+
+
+class BatchPrefetcher:
+    """This worker's next batches, read from its shard and unpacked up to ``depth`` steps ahead.
+
+    ``get() -> (batch, stats) | None`` (None once the shard is exhausted, and
+    on every call after that). With ``depth >= 1`` a background thread reads
+    the packed Arrow rows, unpacks them into tensors (and on CUDA pins them
+    and copies them to the device on a side stream) while the trainer
+    computes; with ``depth == 0`` each ``get`` does that work itself. At most
+    ``limit`` tables are read. An error of the reading thread is raised by
+    ``get``. :meth:`close` stops the thread; call it (or use ``with``).
+    """
+
+    def __init__(self, tables: Iterator[Any], unpack: Callable[[Any], Any], device: torch.device,
+                 depth: int, limit: int | None = None) -> None:
+        self._tables = tables
+        self._unpack = unpack
+        self._device = device
+        self._limit = limit
+        self._read = 0
+        self._done = False
+        self._stop = threading.Event()
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._thread: threading.Thread | None = None
+        if depth > 0:
+            self._thread = threading.Thread(target=self._produce, name="dlrm-batch-prefetch", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------ producer side
+
+    def _next_table(self) -> Any | None:
+        if self._limit is not None and self._read >= self._limit:
+            return None
+        table = next(self._tables, None)
+        if table is not None:
+            self._read += 1
+        return table
+
+    def _assemble(self, table: Any, stream: Any) -> tuple[Any, dict[str, float], Any]:
+        batch = self._unpack(table)  # host tensors
+        stats = packed_batch_stats(table)
+        if self._device.type != "cuda":
+            return batch, stats, None
+        if stream is None:  # synchronous mode
+            return batch.to(self._device), stats, None
+        batch = batch.pin_memory()  # pinning only exists with CUDA (it raises on the CPU build)
+        with torch.cuda.stream(stream):
+            batch = batch.to(self._device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return batch, stats, event
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self) -> None:
+        try:
+            stream = None
+            if self._device.type == "cuda":
+                torch.cuda.set_device(self._device)  # the current device is per thread
+                stream = torch.cuda.Stream(device=self._device)
+            while not self._stop.is_set():
+                table = self._next_table()
+                if table is None:
+                    break
+                if not self._put(self._assemble(table, stream)):
+                    return
+            self._put(_END)
+        except BaseException as err:  # handed to the training thread
+            self._put(_Failure(err))
+
+    # ------------------------------------------------------------ consumer side
+
+    def get(self) -> tuple[Any, dict[str, float]] | None:
+        if self._done:
+            return None
+        if self._thread is None:
+            try:
+                table = self._next_table()
+                item = _END if table is None else self._assemble(table, None)
+            except Exception as err:
+                item = _Failure(err)
+        else:
+            item = self._queue.get()
+        if item is _END:
+            self._done = True
+            return None
+        if isinstance(item, _Failure):
+            self._done = True
+            raise item.error
+        batch, stats, event = item
+        if event is not None:  # the copy ran on the side stream: order it before the step's kernels
+            current = torch.cuda.current_stream(self._device)
+            current.wait_event(event)
+            batch.record_stream(current)
+        return batch, stats
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is None:
+            return
+        while True:  # unblock a producer waiting on a full queue
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("batch prefetch thread still reading after %.0f s; leaving it (daemon)", timeout_s)
+
+    def __enter__(self) -> BatchPrefetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def lockstep_batches(shard: Any, job: JobConfig, device: torch.device,
                      max_steps: int | None = None) -> Iterator[StepBatch]:
     """Yield this worker's batches in lockstep with the other workers (see module docstring).
 
     Ends for all workers at once: when none has a batch left, or after ``max_steps``.
+    Batches are unpacked ahead by a :class:`BatchPrefetcher` (``ingest.prefetch_batches`` deep).
     """
-    unpack, dummy = batch_codec(job, device)  # plain Batch or DedupBatch (ingest.dedup)
+    unpack, dummy = batch_codec(job, torch.device("cpu"))  # plain Batch or DedupBatch (ingest.dedup), on the host
+    if device.type != "cpu":
+        dummy = batch_codec(job, device)[1]
     tables = iter(shard.iter_batches(batch_size=1, batch_format="pyarrow",
                                      prefetch_batches=job.ingest.prefetch_batches))
-    steps = 0
-    while max_steps is None or steps < max_steps:
-        start = time.perf_counter()
-        table = next(tables, None)
-        batch = None if table is None else unpack(table)
-        n = 0 if batch is None else int(batch.labels.shape[0])
-        flags = _all_reduce_sum(torch.tensor([int(batch is not None), n], dtype=torch.int64))
-        if int(flags[0]) == 0:
-            return
-        yield StepBatch(batch if batch is not None else dummy, n, int(flags[1]),
-                        time.perf_counter() - start, packed_batch_stats(table) if table is not None else {})
-        steps += 1
+    with BatchPrefetcher(tables, unpack, device, job.ingest.prefetch_batches, max_steps) as batches:
+        steps = 0
+        while max_steps is None or steps < max_steps:
+            start = time.perf_counter()
+            item = batches.get()
+            batch, stats = item if item is not None else (None, {})
+            n = 0 if batch is None else int(batch.labels.shape[0])
+            flags = _all_reduce_sum(torch.tensor([int(batch is not None), n], dtype=torch.int64))
+            if int(flags[0]) == 0:
+                return
+            yield StepBatch(batch if batch is not None else dummy, n, int(flags[1]),
+                            time.perf_counter() - start, stats)
+            steps += 1
 
 
 # --------------------------------------------------------------------------- statistics
@@ -216,11 +379,16 @@ class Worker:
     world_size: int
     tracker: Tracker
     progress: TrainProgress = field(default_factory=TrainProgress)
+    precision: Precision | None = None  # None: resolved from job.train.precision and the device
+    threads: ThreadPlan | None = None  # as configured by train_loop_per_worker (reported, not applied here)
+
+    def __post_init__(self) -> None:
+        if self.precision is None:
+            self.precision = resolve_precision(self.job, self.device)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.job.train.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        """bf16 autocast around forward when the precision is bf16 (embeddings stay fp32 in fbgemm)."""
+        return self.precision.autocast(self.device.type)
 
     # ----------------------------------------------------------------- one step
 
@@ -334,6 +502,8 @@ class Worker:
             "steps": p.global_step,
             "samples": p.samples,
             "train_time_s": p.train_time_s,
+            "precision": self.precision.name,
+            "intra_op_threads": self.threads.intra_op if self.threads else torch.get_num_threads(),
         }
 
     def checkpoint(self, metrics: dict[str, Any]) -> None:
@@ -377,14 +547,21 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    torch.set_num_threads(max(1, int(job.train.cpus_per_worker)))
+    assigned = ray_assigned_cpus()
+    threads = configure_threads(plan_threads(assigned if assigned is not None else job.train.cpus_per_worker,
+                                             visible_cpus(), context.get_local_world_size()))
     device = ray.train.torch.get_device() if job.train.use_gpu else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)  # nccl collectives and all_gather_object use the current device
+    precision = resolve_precision(job, device)
+    apply_precision(precision, device)
+    backend = dist.get_backend() if dist.is_initialized() else "none"
+    log.info("rank %d on %s (%s): %s; %s", rank, device, backend, threads.describe(), precision.describe())
 
     model = build_job_model(job, device)  # the dedup DLRM when ingest.dedup is on
     worker = Worker(job, model, build_dense_optimizer(model, job.train), device, rank, world_size,
-                    make_tracker(loop.tracking_uri, loop.mlflow_run_id, rank))
+                    make_tracker(loop.tracking_uri, loop.mlflow_run_id, rank), precision=precision,
+                    threads=threads)
     with _latest_checkpoint_dir(job) as path:
         if path:
             worker.restore(path)
@@ -412,6 +589,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             "eval_logloss": epoch_metrics["logloss"],
             "epoch_samples_per_s": stats.samples_per_s,
             "epoch_data_wait_fraction": stats.data_wait_fraction,
+            "intra_op_threads": float(threads.intra_op),
+            "bf16": float(precision.name == "bf16"),
         })
         if rank == 0:
             log.info("epoch %d done: %s", epoch, json.dumps({k: round(v, 4) if isinstance(v, float) else v

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray.train
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
+from ray.train.torch import TorchConfig, TorchTrainer
 
 from dlrm_platform.config import JobConfig
 from dlrm_platform.train.loop import LoopConfig, train_loop_per_worker
@@ -114,6 +114,8 @@ def run_training(
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config.to_dict(),
+        # nccl between GPU workers (collectives on CUDA tensors), gloo on CPU.
+        torch_config=TorchConfig(backend="nccl" if train.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=train.num_workers,
             use_gpu=train.use_gpu,

@@ -1,0 +1,138 @@
+"""Background read-ahead of unpacked batches, and the lockstep loop on top of it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from dlrm_platform.ingest.batching import unpack_batch
+from dlrm_platform.train.loop import BatchPrefetcher, lockstep_batches
+
+SPARSE = ["uc", "hist", "ic"]
+CPU = torch.device("cpu")
+
+
+class CountingIterator:
+    """An iterator over tables that counts how many were taken, optionally slow."""
+
+    def __init__(self, tables, delay_s: float = 0.0) -> None:
+        self._it = iter(tables)
+        self.taken = 0
+        self.delay_s = delay_s
+        self.threads: set[str] = set()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.threads.add(threading.current_thread().name)
+        time.sleep(self.delay_s)
+        item = next(self._it)
+        self.taken += 1
+        return item
+
+
+class FakeShard:
+    def __init__(self, tables) -> None:
+        self.tables = tables
+        self.iterators: list[CountingIterator] = []
+
+    def iter_batches(self, *, batch_size: int, batch_format: str, prefetch_batches: int):
+        assert (batch_size, batch_format) == (1, "pyarrow")
+        it = CountingIterator(self.tables)
+        self.iterators.append(it)
+        return it
+
+
+def _unpack(table):
+    return unpack_batch(table, SPARSE, 3)
+
+
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_every_batch_once_in_order(packed_batch, depth) -> None:
+    tables = [packed_batch(n, seed=i) for i, n in enumerate([8, 5, 3, 7])]
+    source = CountingIterator(tables)
+    with BatchPrefetcher(source, _unpack, CPU, depth) as batches:
+        got = []
+        while (item := batches.get()) is not None:
+            batch, stats = item
+            got.append(int(batch.labels.numel()))
+            assert stats["batch_bytes"] > 0 and stats["dedup_factor"] == 1.0
+        assert batches.get() is None  # and stays exhausted
+    assert got == [8, 5, 3, 7]
+    assert source.threads == ({"dlrm-batch-prefetch"} if depth else {threading.current_thread().name})
+
+
+def test_reads_ahead_while_the_consumer_computes(packed_batch) -> None:
+    # Reading takes 50 ms per table; the consumer "computes" 50 ms per step. With read-ahead the
+    # consumer's wait after the first batch is far below the read time.
+    tables = [packed_batch(16, seed=i) for i in range(6)]
+    source = CountingIterator(tables, delay_s=0.05)
+    waits = []
+    with BatchPrefetcher(source, _unpack, CPU, depth=2) as batches:
+        while True:
+            start = time.perf_counter()
+            item = batches.get()
+            waits.append(time.perf_counter() - start)
+            if item is None:
+                break
+            time.sleep(0.05)
+    assert sum(waits[1:-1]) < 0.5 * 0.05 * (len(tables) - 1), waits
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_reads_no_more_than_the_limit(packed_batch, depth) -> None:
+    source = CountingIterator([packed_batch(4, seed=i) for i in range(6)])
+    with BatchPrefetcher(source, _unpack, CPU, depth, limit=2) as batches:
+        assert batches.get() is not None and batches.get() is not None
+        assert batches.get() is None
+        time.sleep(0.05)
+    assert source.taken == 2  # the rest stays in the shard, as without read-ahead
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_errors_reach_the_training_thread(packed_batch, depth) -> None:
+    def unpack(table):
+        if int(table.column("num_samples")[0].as_py()) == 5:
+            raise ValueError("bad packed batch")
+        return _unpack(table)
+
+    source = CountingIterator([packed_batch(4), packed_batch(5), packed_batch(6)])
+    with BatchPrefetcher(source, unpack, CPU, depth) as batches:
+        assert batches.get() is not None
+        with pytest.raises(ValueError, match="bad packed batch"):
+            batches.get()
+        assert batches.get() is None
+
+
+def test_close_stops_a_producer_blocked_on_a_full_queue(packed_batch) -> None:
+    source = CountingIterator([packed_batch(4, seed=i) for i in range(50)])
+    batches = BatchPrefetcher(source, _unpack, CPU, depth=1)
+    assert batches.get() is not None
+    time.sleep(0.1)  # the producer fills the queue and blocks
+    batches.close(timeout_s=5)
+    assert not batches._thread.is_alive()
+    assert source.taken < 50
+
+
+def test_lockstep_with_read_ahead_stops_reading_at_max_steps(tiny_job, packed_batch, gloo_group) -> None:
+    shard = FakeShard([packed_batch(n, seed=i) for i, n in enumerate([8, 5, 3, 6, 2])])
+    job = tiny_job()
+    assert job.ingest.prefetch_batches >= 1
+    steps = list(lockstep_batches(shard, job, CPU, max_steps=2))
+    assert [(s.num_samples, s.global_samples) for s in steps] == [(8, 8), (5, 5)]
+    assert shard.iterators[-1].taken == 2
+    steps = list(lockstep_batches(shard, job, CPU))
+    assert [s.num_samples for s in steps] == [8, 5, 3, 6, 2]
+    assert all(s.stats["batch_bytes"] > 0 for s in steps)
+
+
+def test_lockstep_without_read_ahead(tiny_job, packed_batch, gloo_group) -> None:
+    job = tiny_job()
+    job = job.model_copy(update={"ingest": job.ingest.model_copy(update={"prefetch_batches": 0})})
+    shard = FakeShard([packed_batch(n, seed=i) for i, n in enumerate([8, 5])])
+    assert [s.num_samples for s in lockstep_batches(shard, job, CPU)] == [8, 5]
+    assert shard.iterators[-1].threads == {threading.current_thread().name}
