@@ -27,7 +27,7 @@ def _job(tmp_path, **ingest) -> JobConfig:
     return JobConfig.model_validate(
         {
             "data": {"path": str(tmp_path), "columns": COLUMNS},
-            "ingest": {"batch_size": 64, "hash_size": 1000, **ingest},
+            "ingest": {"batch_size": 64, "hash_size": 1000, "dedup": False, **ingest},
             "train": {"num_workers": 2, "cpus_per_worker": 0.5},
         }
     )
