@@ -18,6 +18,7 @@ from dlrm_platform.errors import UserError
 # Modules with a `register(subparsers)` function, in help order.
 COMMAND_MODULES = (
     "dlrm_platform.ingest.cli",   # gen-data, convert-criteo
+    "dlrm_platform.ingest.dedup_cli",  # dedup-convert
     "dlrm_platform.job",          # run, ui
     "dlrm_platform.tuner.cli",    # analyze, tuner ...
     "dlrm_platform.api.cli",      # serve, api-key ...
