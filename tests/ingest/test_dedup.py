@@ -269,3 +269,65 @@ def test_dummy_dedup_batch():
     d = dummy_dedup_batch(USER_F, ITEM_F, 1, 1)
     assert isinstance(d, DedupBatch) and d.num_samples == 1 and d.num_users == 1
     assert d.expand().sparse_features.keys() == [*USER_F, *ITEM_F]
+
+
+# --------------------------------------------------------------------------- the dedup-convert command
+
+
+def _parse(argv):
+    import argparse
+
+    from dlrm_platform.ingest import dedup_cli
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-v", "--verbose", action="store_true")
+    dedup_cli.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_dedup_convert_command_parses_and_refuses_data_without_sessions(tmp_path):
+    from dlrm_platform.errors import UserError
+
+    args = _parse(["dedup-convert", "configs/demo.yaml", str(tmp_path / "out"), "--rows-per-shard", "1000"])
+    assert args.out_dir == tmp_path / "out" and args.rows_per_shard == 1000
+    assert _parse(["dedup-convert", "configs/demo.yaml"]).out_dir is None  # default: <data.path>.dedup
+    config = tmp_path / "no_sessions.yaml"
+    config.write_text(
+        "data:\n  path: x\n  columns:\n    label: label\n    user: {dense: [ud], categorical: [uc]}\n"
+        "    item: {categorical: [ic]}\n"
+    )
+    with pytest.raises(UserError, match="session_key"):
+        args = _parse(["dedup-convert", str(config)])
+        args.handler(args)
+
+
+def test_dedup_dataset_open_errors(tmp_path):
+    from dlrm_platform.errors import UserError
+
+    with pytest.raises(UserError, match="not a complete dedup dataset"):
+        dedup.DedupDataset.open(tmp_path)
+    (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / dedup.MANIFEST_FILE).write_text('{"format": "other", "version": 1}')
+    with pytest.raises(UserError, match="convert the data again"):
+        dedup.DedupDataset.open(tmp_path)
+    assert dedup.default_dedup_dir(tmp_path / "data" / "demo") == tmp_path / "data" / "demo.dedup"
+
+
+def test_local_converter_writes_co_partitioned_shards(tmp_path):
+    flat = _flat(num_sessions=50, max_len=30, missing_keys=2)
+    files = []
+    for i, idx in enumerate(np.array_split(np.arange(flat.num_rows), 2)):
+        files.append(tmp_path / f"part-{i}.parquet")
+        pq.write_table(flat.take(pa.array(idx)), files[-1])
+    report = dedup.convert_split_local(files, COLUMNS, tmp_path / "out", rows_per_shard=200)
+    assert report.samples == flat.num_rows and report.missing_session_keys == 2
+    assert report.shards >= 2 and report.bytes > 0
+    users = sorted((tmp_path / "out" / "users").glob("part-*.parquet"))
+    assert [u.name for u in users] == [f"part-{i:05d}.parquet" for i in range(report.shards)]
+    total = 0
+    for u in users:
+        ukeys = set(pq.read_table(u, columns=["sid"]).column(0).to_pylist())
+        skeys = pq.read_table(tmp_path / "out" / "samples" / u.name, columns=["sid"]).column(0).to_pylist()
+        assert set(skeys) == ukeys
+        total += len(skeys)
+    assert total == flat.num_rows

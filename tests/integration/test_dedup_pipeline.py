@@ -86,7 +86,8 @@ def test_converter_counts_sessions_missing_keys_and_shrinks_storage(ray_cluster,
     root, train, eval_ = flat_data
     out = tmp_path / "conv"
     report = dedup.convert_to_dedup(_job(root).data.columns, {"train": train, "eval": eval_}, out,
-                                    rows_per_shard=500)
+                                    rows_per_shard=500, engine="ray")  # the Ray Data job, not the local path
+    assert report.engines == {"train": "ray", "eval": "ray"}
     tr = report.splits["train"]
     assert tr.samples == _rows(train)  # nothing lost, nothing repeated
     assert tr.missing_session_keys == MISSING_KEYS

@@ -35,13 +35,16 @@ def _cmd_dedup_convert(args: argparse.Namespace) -> int:
             out_dir,
             rows_per_shard=args.rows_per_shard or DEFAULT_ROWS_PER_SHARD,
             overwrite=args.overwrite,
+            engine=args.engine,
         )
     for split, r in report.splits.items():
         print(f"{split}: {r.samples:,} samples in {r.sessions:,} sessions ({r.samples / max(r.sessions, 1):.2f} "
               f"per session), {r.shards} shard pairs, {r.bytes / 1e6:.2f} MB (flat: {r.source_bytes / 1e6:.2f} MB); "
               f"{r.missing_session_keys} samples without a session key (each its own session), "
               f"{r.split_sessions} sessions split because their user features differed")
-    print(f"wrote {out_dir} in {report.seconds:.1f} s: {report.storage_ratio:.2f}x smaller than the flat files")
+    engines = ", ".join(f"{k}: {v}" for k, v in report.engines.items())
+    print(f"wrote {out_dir} in {report.seconds:.1f} s ({engines}): {report.storage_ratio:.2f}x smaller than the "
+          "flat files")
     if args.report_json:
         args.report_json.parent.mkdir(parents=True, exist_ok=True)
         args.report_json.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -60,6 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", type=Path, nargs="?", metavar="OUT_DIR", help="default: <data.path>.dedup")
     p.add_argument("--overwrite", action="store_true", help="replace a dedup dataset already in OUT_DIR")
     p.add_argument("--rows-per-shard", type=int, metavar="N", help="samples per shard pair (default 50000)")
+    p.add_argument("--engine", choices=["auto", "ray", "local"], default="auto",
+                   help="ray: Ray Data job (scales out); local: in this process; auto (default): local up to "
+                   "2M rows per split, else ray")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     p.add_argument("--report-json", type=Path, metavar="PATH", help="also write the conversion report as JSON")
     p.set_defaults(handler=_cmd_dedup_convert)
