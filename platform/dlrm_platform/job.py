@@ -101,7 +101,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     from mlflow.tracking import MlflowClient
 
     from dlrm_platform import tracking
-    from dlrm_platform.ingest.pipeline import build_job_datasets, cpu_budget, execution_options
+    from dlrm_platform.ingest.pipeline import cpu_budget, execution_options
     from dlrm_platform.ingest.source import validate_dataset
     from dlrm_platform.ingest.transforms import count_quarantined
     from dlrm_platform.train.trainer import run_training
@@ -123,15 +123,18 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             budget = cpu_budget(job, float(ray.cluster_resources().get("CPU", 0)))
             log.info("CPU budget: %s", budget.describe())
             client.log_param(run_id, "cpu_budget", budget.describe())
-            datasets = build_job_datasets(job, files.train, files.eval, quarantine_dir)
-            result = run_training(
-                job,
-                datasets.as_dict(),
-                mlflow_run_id=run_id,
-                tracking_uri=tracking_uri,
-                storage_path=job.train.storage_path or str(runs_dir / "ray_results"),
-                execution_options=execution_options(budget),
-            )
+            datasets, tuner_handle = _build_tuned_datasets(job, files, quarantine_dir, budget.data)
+            try:
+                result = run_training(
+                    job,
+                    datasets.as_dict(),
+                    mlflow_run_id=run_id,
+                    tracking_uri=tracking_uri,
+                    storage_path=job.train.storage_path or str(runs_dir / "ray_results"),
+                    execution_options=execution_options(budget),
+                )
+            finally:
+                _log_tuner(tuner_handle, client, run_id)
         quarantined = count_quarantined(quarantine_dir) if quarantine_dir.exists() else {}
         summary = JobSummary(
             job=job.name,
@@ -156,6 +159,41 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
         raise
     finally:
         client.set_terminated(run_id, status=status)
+
+
+def _build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus: float):
+    """The job's pipelines with the tuner installed on the train pipeline.
+
+    The tuner sizes each operator's task pool to the most it could ever give it
+    (distinct sizes also keep Ray from fusing neighbours into one operator) and
+    caps running tasks live, starting from the config's numbers.
+    """
+    from dlrm_platform import tuner
+    from dlrm_platform.ingest.pipeline import build_job_datasets
+
+    pools = tuner.compute_strategies(job.tuner, job.ingest, cpu_budget=data_cpus)
+    operators = job.ingest.operators.model_copy(
+        update={name: getattr(job.ingest.operators, name).model_copy(update={"concurrency": pool.size})
+                for name, pool in pools.items()}
+    )
+    build_job = job.model_copy(update={"ingest": job.ingest.model_copy(update={"operators": operators})})
+    datasets = build_job_datasets(build_job, files.train, files.eval, quarantine_dir)
+    handle = tuner.attach(job.tuner, job.ingest, datasets.train.context, cpu_budget=data_cpus)
+    log.info("tuner: policy %s over %s (CPU budget %g)", job.tuner.policy, ", ".join(pools), data_cpus)
+    return datasets, handle
+
+
+def _log_tuner(handle, client, run_id: str) -> None:
+    """Tuner decisions and throughput over time into the run (metrics + allocation plot)."""
+    if handle is None:
+        return
+    try:
+        handle.log_to_mlflow(client, run_id)
+        client.log_dict(run_id, handle.summary(), "tuner_summary.json")
+    except Exception as err:  # telemetry must not fail a finished training run
+        log.warning("could not log the tuner's history to MLflow: %s", err)
+    finally:
+        handle.close()
 
 
 def _quiet_ray_data(verbose: bool) -> None:

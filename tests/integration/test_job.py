@@ -67,6 +67,9 @@ def test_run_command_logs_a_complete_mlflow_run(ray_cluster, small_job, tmp_path
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "summary.json" in artifacts
     assert "model" in artifacts
+    # The tuner's decisions and throughput over time: a plot and the raw history.
+    assert {"tuner_allocation.png", "tuner_history.json", "tuner_summary.json"} <= artifacts
+    assert client.get_metric_history(run.info.run_id, "tuner/samples_per_s")
     assert client.list_artifacts(run.info.run_id, "model"), "model checkpoint artifact is empty"
 
 
