@@ -9,29 +9,43 @@ with about ``--samples`` samples in random row order, as logs land, converts
 it into the session-dedup format, and measures, plain vs dedup:
 
 * storage     bytes of the flat row-per-sample Parquet (the generator's files)
-              vs the dedup format (users + samples); also the flat rows
-              re-written with the dedup format's encodings, to show how much
-              of the gain is encodings and how much deduplication;
-* preprocess  samples/s of the operators in this process, one thread: read ->
+              vs the dedup format (users + samples); "(dedup only)" compares
+              the flat rows re-written with the dedup format's encodings, to
+              separate deduplication from encodings;
+* preprocess  samples per CPU-second of the operators in this process: read ->
               parse -> dense -> sparse -> batch (plain: flat files, per sample;
               dedup: shard pairs, user side per session, IKJT batches);
-* training    samples/s of a training step (forward, backward with the fused
-              row-wise Adagrad, dense optimizer), plain DLRM on the plain
-              pipeline's batches vs the dedup DLRM on the dedup batches, both
-              under DistributedModelParallel, same precision, same batch size
-              (the demo's 1024), one thread, steps interleaved;
-* ceiling     the share s of user-side work in the plain model's step, and
-              the speed-up it bounds at the measured dedup factor f (samples
-              per user row per batch): 1 / ((1 - s) + s / f) (Amdahl). s is
-              measured, not assumed: 1 - t_item / t_plain, where t_item is the
-              dedup model's step on the same samples with one user row per
-              batch (user-side work ~0);
-* end to end  (k = 8) one epoch through Ray Data (the platform's pipelines on
-              a local 2-CPU cluster) feeding training in this process:
-              samples/s of the whole job, plain vs dedup;
+* training    samples per CPU-second of a training step (forward, backward
+              with the fused row-wise Adagrad, dense optimizer): the plain
+              DLRM on the plain pipeline's batches vs the dedup DLRM on the
+              dedup batches, both under DistributedModelParallel, same
+              precision, same batch size (the demo's 1024), one thread.
+              "(same batches)": the plain model on the dedup batches expanded
+              (the same session-clustered samples): what the model alone gains;
+              the rest of "train" comes from batching whole sessions (repeated
+              ids in a batch are cheaper for fbgemm even in the plain model);
+* ceiling     an upper bound of the user-side share s of the plain model's step:
+              the measured share of its user embedding work (1 - t(user bags
+              emptied) / t(plain)) plus the user-only share of its dense
+              multiply-adds applied to the whole rest of the step, and the
+              speed-up it bounds at the measured dedup factor f (samples per
+              user row per batch): 1 / ((1 - s) + s / f) (Amdahl);
+* job cpu     the in-process CPU cost per sample of data stage + training step;
+* end to end  (k = 8) one epoch through the platform's Ray Data pipelines on a
+              local 2-CPU cluster (1 CPU for data, as the demo's budget)
+              feeding training in this process: samples/s of wall time, best
+              of 2 rounds after a warm-up. On data this small, per-epoch start
+              latencies of the pipelines weigh heavily (the plain
+              ``read_parquet`` lists files in a task of its own);
 * AUC         (k = 8) both models from the same initial weights, trained for
               the same epochs on the same samples (each in its own path's
               batches), held-out AUC on the eval split.
+
+Timing on a shared machine: every timed quantity is CPU time of this process
+(``time.process_time``), and training takes the minimum over interleaved
+chunks of 2 steps; wall time on 2 cores shared with other work measures the
+neighbours as much as the code. Figures still move by about +-0.1x between
+runs; compare ratios within one run.
 
 ``--json PATH`` writes the figures at k = 8: storage_ratio, preprocessing_ratio,
 training_ratio, end_to_end_ratio (each plain cost / dedup cost: higher is
