@@ -82,12 +82,13 @@ def _rows(files: list[str]) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
+@pytest.mark.slow
 def test_converter_counts_sessions_missing_keys_and_shrinks_storage(ray_cluster, flat_data, tmp_path):
     root, train, eval_ = flat_data
     out = tmp_path / "conv"
-    report = dedup.convert_to_dedup(_job(root).data.columns, {"train": train, "eval": eval_}, out,
-                                    rows_per_shard=500, engine="ray")  # the Ray Data job, not the local path
-    assert report.engines == {"train": "ray", "eval": "ray"}
+    # The Ray Data job (the in-process engine has its own tests); one split keeps this test short.
+    report = dedup.convert_to_dedup(_job(root).data.columns, {"train": train}, out, rows_per_shard=500, engine="ray")
+    assert report.engines == {"train": "ray"}
     tr = report.splits["train"]
     assert tr.samples == _rows(train)  # nothing lost, nothing repeated
     assert tr.missing_session_keys == MISSING_KEYS
