@@ -14,7 +14,7 @@ columns, embedding dim ``E``, ``inv`` the batch's inverse index)::
       (ids and the pooled history: one lookup, one backward scatter and one
        row-wise Adagrad update per user row instead of per sample)
 
-    MLP path "expand" (default on small MLPs)     MLP path "split" (when it saves enough work)
+    MLP path "expand" (U = B: nothing to save)    MLP path "split" (U < B: the default rule)
     d = bottom([x_u[inv], x_i])                   h_u = x_u W1[:, :Du]^T per user row, added to
     V = [d, e_u[inv], e_i]                          x_i W1[:, Du:]^T + b1 per sample; rest of bottom
     top(interactions(V)), as torchrec             p_uu = user-user dots per user row, times the
@@ -25,21 +25,20 @@ Both paths compute the plain model's function; expansion is ``index_select``,
 whose backward sums a user row's samples, so the user side's backward also
 runs once per user row.
 
-Which MLP path runs is decided per batch by a cost rule
-(:attr:`DedupDLRM.mlp_split_min_macs`). The split saves
-``(B - U) * (Du * H1 + P_uu * H_top)`` multiply-adds of the forward (x3 with the
-backward) but costs ~20 extra small operators. In the plain DLRM the bottom
+Which MLP path runs is decided per batch (:attr:`DedupDLRM.mlp_split_min_macs`):
+the split saves ``(B - U) * (Du * H1 + P_uu * H_top)`` multiply-adds of the
+forward (about 3x that with the backward) and costs ~20 small extra
+operators, so it runs when it saves at least ``mlp_split_min_macs`` (default
+1: whenever some user row serves two samples). In the plain DLRM the bottom
 MLP takes *all* dense columns (user and item), so after its first layer every
-unit mixes both sides: only the first layer's user columns and the user-user
-pairs' slice of the top MLP's first layer are a function of the user alone,
-and on the demo model (Du = 3, H1 = 64, 6 user-user pairs, H_top = 64) they
-are ~0.5 M multiply-adds per batch of 1024, less than the operator overhead
-of splitting on a CPU (measured: the split path was slower). So there the MLPs
-run per sample on expanded inputs and the embedding side, the bulk of the
-user-side work (the ~60-id history per sample), is deduplicated; models with
-wide user-side MLP slices take the split path. ``benchmarks/dedup.py``
-measures the user-side share of the plain model's step and the speed-up it
-bounds.
+unit mixes both sides: only the first layer's user columns and the
+user-user pairs' slice of the top MLP's first layer are functions of the user
+alone. On the demo model (Du = 3, H1 = 64, 6 user-user pairs, H_top = 64) that
+is ~0.5 M multiply-adds per batch of 1024 at 8 samples per session: measured,
+the split path is as fast as the expand path or up to ~3% faster. The bulk of
+the user-side work is the embedding side (the ~60-id history per sample);
+``benchmarks/dedup.py`` measures the user-side share of the plain model's
+step and the speed-up it bounds.
 
 Embeddings: one ``EmbeddingBagCollection`` with the plain model's tables
 (``t_<feature>``), fed one KJT of stride ``B`` whose user features hold the
@@ -89,7 +88,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # Forward multiply-adds the MLP split must save per batch to be taken (see the module docstring).
-MLP_SPLIT_MIN_MACS = 4_000_000
+MLP_SPLIT_MIN_MACS = 1
 
 
 class DedupDLRM(nn.Module):
@@ -275,7 +274,8 @@ def build_sharded_dedup_model(job: JobConfig, device: torch.device,
     plan = plain_model.sharding_plan(model, job, device, world_size, sharders)
     log.info("dedup model sharding plan: %s",
              {k: {t: p.sharding_type for t, p in v.items()} for k, v in plan.plan.items()})
-    return DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+    return DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders,
+                                    data_parallel_wrapper=plain_model.DataParallelOnlyWhenDistributed())
 
 
 def dedup_state_dict_from_plain(state: Mapping[str, Any], columns: DatasetSchema | None = None) -> dict[str, Any]:
