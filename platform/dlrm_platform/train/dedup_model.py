@@ -261,7 +261,8 @@ def build_dedup_dlrm(job: JobConfig, device: torch.device | str = "meta",
 
 def build_sharded_dedup_model(job: JobConfig, device: torch.device,
                               mlp_split_min_macs: float = MLP_SPLIT_MIN_MACS) -> DistributedModelParallel:
-    """As ``model.build_sharded_model`` for the dedup model: fused row-wise Adagrad, same sharding plan."""
+    """As ``model.build_sharded_model`` for the dedup model: fused row-wise Adagrad, the same sharding plan
+    and the same data-parallel wrapping (none in a world of one)."""
     torch.manual_seed(job.train.seed)
     model = build_dedup_dlrm(job, "meta", mlp_split_min_macs)
     apply_optimizer_in_backward(
