@@ -167,6 +167,9 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
         "first_row_s": float(ts[0]) if len(ts) else None,
         "trace": [[round(float(g), 1), round(float(v), 1)] for g, v in zip(*moving_average(ts, rows, 5.0))],
         "allocations": [[round(t["elapsed"], 1), t["allocation"]] for t in ticks if t.get("decision")],
+        # what Ray actually ran: mean tasks per operator over the steady-state part (ray_default
+        # sets its own concurrency; the others follow the tuner's caps)
+        "observed_tasks_running": _mean_running(ticks, 0.6),
     }
     if shift_at is None:
         sps = steady(ts, rows, 0.6 * end, end)
@@ -190,6 +193,14 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
             break
         time.sleep(1.0)
     return res
+
+
+def _mean_running(ticks: list[dict], after_frac: float) -> dict:
+    if not ticks:
+        return {}
+    tail = ticks[int(after_frac * len(ticks)):]
+    names = list(tail[0]["per_op"]) if tail else []
+    return {n: round(float(np.mean([t["per_op"][n]["running"] for t in tail])), 2) for n in names}
 
 
 def warm_up(n: int) -> None:
@@ -280,6 +291,7 @@ def summarise(pipe: PipelineDef, suite: dict, policies: list[str]) -> dict:
                                  else None) for p, v in t95.items()},
         "peak_object_store_bytes": {p: max(r["peak_object_store_bytes"] for r in runs[p]) for p in policies if runs[p]},
         "final_allocation": {p: runs[p][-1]["final_allocation"] for p in policies if runs[p]},
+        "observed_tasks_running": {p: runs[p][-1].get("observed_tasks_running") for p in policies if runs[p]},
         "stalls_per_policy": {p: sum(r["stalls"] for r in runs[p]) + sum(r["stalls"] for r in shifts.get(p, []))
                               for p in policies},
         "crashes": {p: [r["crash"] for r in runs[p] + shifts.get(p, []) if r["crash"]] for p in policies},

@@ -52,7 +52,7 @@ import math
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from dlrm_platform.tuner.spec import CONTROLLING_POLICIES, POLICIES, OpSpec, TunerSpec
+from dlrm_platform.tuner.spec import POLICIES, OpSpec, TunerSpec
 
 if TYPE_CHECKING:
     from dlrm_platform.config import IngestConfig, TunerConfig

@@ -143,10 +143,12 @@ def observe(
         d_out = max(b.rows_out - a.rows_out, 0.0)
         d_slot = max(b.slot_seconds - a.slot_seconds, 0.0)
         running = d_slot / dt
-        # Work time measured by the workers excludes scheduling and worker start-up; fall back
-        # to occupied slot time where the source does not report it.
-        d_busy = (max(b.busy_seconds - a.busy_seconds, 0.0)
-                  if a.busy_seconds is not None and b.busy_seconds is not None else d_slot)
+        # A slot is held for the whole task - scheduling, argument fetch, the UDF, storing the
+        # output - so capacity per slot is measured against occupied slot time. The workers'
+        # own UDF time (busy_seconds) is kept for reporting; it misses that per-task overhead.
+        d_busy = d_slot if d_slot > 0 else (
+            max(b.busy_seconds - a.busy_seconds, 0.0)
+            if a.busy_seconds is not None and b.busy_seconds is not None else 0.0)
         done = b.rows_out_done if b.rows_out_done is not None else b.rows_out
         ratio = done / b.rows_in if b.rows_in > 0 and done > 0 else 1.0
         ops.append(

@@ -480,7 +480,8 @@ def install(data_context, spec: TunerSpec) -> None:
 
 def uninstall(data_context) -> None:
     """Undo :func:`install` (tests, or a job that turns tuning off)."""
-    data_context.remove_config(SPEC_KEY) if hasattr(data_context, "remove_config") else None
+    if data_context.get_config(SPEC_KEY, None) is not None:
+        data_context.remove_config(SPEC_KEY)
     if TunerCallback in data_context.custom_execution_callback_classes:
         data_context.custom_execution_callback_classes.remove(TunerCallback)
     key = _imp("ray.data._internal.execution.backpressure_policy", "ENABLED_BACKPRESSURE_POLICIES_CONFIG_KEY")

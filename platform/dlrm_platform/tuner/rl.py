@@ -41,17 +41,30 @@ def resolve_policy_path(path: str | Path | None) -> Path:
     return p
 
 
+_RUNNERS: dict[str, RLPolicyRunner] = {}
+
+
 class RLPolicyRunner:
     def __init__(self, net, meta: dict | None = None):
         self.net = net
         self.meta = meta or {}
 
+    def register(self, key: str) -> str:
+        """Make this in-memory policy loadable as ``policy_path=key`` (evaluation, tests)."""
+        _RUNNERS[key] = self
+        return key
+
     @classmethod
     def load(cls, path: str | Path | None = None) -> RLPolicyRunner:
+        """Load (once per process) the policy at ``path``; None = the shipped default."""
         import torch
 
         from dlrm_platform.tuner.nets import PerOpPolicyNet
 
+        key = str(path) if path is not None else "<shipped>"
+        if key in _RUNNERS:
+            return _RUNNERS[key]
+        torch.set_num_threads(1)  # tiny net: threads only add contention in the executor process
         p = resolve_policy_path(path)
         meta_path = p.with_name(META)
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
@@ -59,7 +72,9 @@ class RLPolicyRunner:
         state = torch.load(p, map_location="cpu", weights_only=True)
         net.load_state_dict(state)
         net.eval()
-        return cls(net, meta)
+        runner = cls(net, meta)
+        _RUNNERS[key] = runner
+        return runner
 
     def logits(self, vec: np.ndarray) -> np.ndarray:
         import torch

@@ -65,16 +65,12 @@ def _module_class():
 def evaluate_net(net, n_pipelines: int = 12, steps: int = 90, seed: int = 123) -> dict:
     """Mean share of the optimum the policy reaches over its last 20 steps, on random
     simulated pipelines (half with a mid-run cost shift), next to the plumber policy."""
-    import torch
-
-    from dlrm_platform.tuner.features import FeatureState
     from dlrm_platform.tuner.rl import RLPolicyRunner
     from dlrm_platform.tuner.simulator import initial_allocation, random_pipeline, run_controller_in_sim
     from dlrm_platform.tuner.spec import TunerSpec
 
     rng = np.random.default_rng(seed)
-    runner = RLPolicyRunner(net)
-    del FeatureState, torch
+    key = RLPolicyRunner(net).register(f"<in-memory {id(net)}>")
     scores: dict[str, list[float]] = {"rl": [], "plumber": [], "static": []}
     for i in range(n_pipelines):
         pipe_seed = int(rng.integers(1 << 30))
@@ -83,23 +79,11 @@ def evaluate_net(net, n_pipelines: int = 12, steps: int = 90, seed: int = 123) -
             prng = np.random.default_rng(pipe_seed)
             pipe = random_pipeline(prng)
             init = initial_allocation(pipe, prng, "even")
-            spec = TunerSpec(f"eval-{i}", pol, pipe.budget, pipe.specs(init))
+            spec = TunerSpec(f"eval-{i}", pol, pipe.budget, pipe.specs(init), policy_path=key)
             shift_op = pipe.ops[int(prng.integers(len(pipe.ops)))].name
-            if pol == "rl":
-                import dlrm_platform.tuner.rl as rlmod
-
-                orig = rlmod.RLPolicyRunner.load
-                rlmod.RLPolicyRunner.load = classmethod(lambda cls, path=None: runner)
-                try:
-                    trace = run_controller_in_sim(pipe, spec, steps=steps, seed=i,
-                                                  shift_at=steps // 2 if shift else None,
-                                                  shift=(shift_op, 2.0) if shift else None)
-                finally:
-                    rlmod.RLPolicyRunner.load = orig
-            else:
-                trace = run_controller_in_sim(pipe, spec, steps=steps, seed=i,
-                                              shift_at=steps // 2 if shift else None,
-                                              shift=(shift_op, 2.0) if shift else None)
+            trace = run_controller_in_sim(pipe, spec, steps=steps, seed=i,
+                                          shift_at=steps // 2 if shift else None,
+                                          shift=(shift_op, 2.0) if shift else None)
             tail = trace[-20:]
             scores[pol].append(float(np.mean([min(x["throughput"] / x["t_opt"], 1.0) for x in tail])))
     return {k: float(np.mean(v)) for k, v in scores.items()}
