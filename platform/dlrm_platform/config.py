@@ -182,7 +182,7 @@ class OperatorConfig(StrictModel):
     """Resources of one pipeline operator. The tuner may change these while it runs."""
 
     concurrency: int = Field(1, ge=1, description="parallel tasks (or actors) of this operator")
-    num_cpus: float = Field(0.5, gt=0, description="CPUs reserved by each task")
+    num_cpus: float = Field(0.2, gt=0, description="CPUs reserved by each task")
 
 
 class OperatorsConfig(StrictModel):

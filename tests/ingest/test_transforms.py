@@ -113,3 +113,18 @@ def test_batch_packs_and_unpacks_to_kjt(tmp_path):
     assert kjt.stride() == 4
     assert kjt["hist"].lengths().tolist() == [3, 3, 0, 0]
     assert kjt["ic"].values().tolist() == table.column("ic").to_pylist()
+
+
+def test_sliced_history_lists_hash_the_right_ids():
+    from dlrm_platform.ingest.transforms import _hash_lists
+
+    arr = pa.array([[9, 9, 9], [1, 2, 3, 4], [5]], pa.large_list(pa.int64())).slice(1)
+    out = _hash_lists(arr, 1000, 2).to_pylist()
+    assert out == [hash_ids(np.array([3, 4]), 1000).tolist(), hash_ids(np.array([5]), 1000).tolist()]
+
+
+def test_quarantine_counts_a_row_once_across_epochs(tmp_path):
+    spec = _spec(tmp_path)
+    for _epoch in range(2):
+        transforms.parse(_table(labels=(1, None, 0, 0)), spec)
+    assert count_quarantined(tmp_path / "quarantine") == {"label missing or not 0/1": 1}

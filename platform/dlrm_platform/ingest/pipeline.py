@@ -60,11 +60,12 @@ def cpu_budget(job: JobConfig, cluster_cpus: float) -> CpuBudget:
             f" and ingest.data_cpus = {data:g}; lower train.cpus_per_worker (fractions are fine) or set"
             " ingest.data_cpus so that both fit"
         )
-    smallest_op = min(getattr(job.ingest.operators, n).num_cpus for n in OPERATOR_NAMES)
-    if smallest_op > data:
+    # Every operator must be able to run one task at once, or the pipeline stalls silently.
+    one_task_each = sum(getattr(job.ingest.operators, n).num_cpus for n in OPERATOR_NAMES)
+    if one_task_each > data + 1e-9:
         raise UserError(
-            f"ingest.operators need at least {smallest_op:g} CPUs per task but Ray Data gets {data:g};"
-            " lower ingest.operators.*.num_cpus"
+            f"one task of every ingest operator needs {one_task_each:g} CPUs but Ray Data gets {data:g};"
+            " lower ingest.operators.*.num_cpus (fractions are fine) or raise ingest.data_cpus"
         )
     return CpuBudget(total=cluster_cpus, train=train, data=data)
 

@@ -8,6 +8,7 @@ benchmark or a unit test. Ray Data names operators after these functions
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,9 @@ def _quarantine(rows: pa.Table, reason: str, quarantine_dir: str | None) -> None
     out = Path(quarantine_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = rows.append_column(QUARANTINE_REASON, pa.array([reason] * rows.num_rows, pa.string()))
-    pq.write_table(rows, out / f"parse-{uuid.uuid4().hex}.parquet")
+    # Named by content: the same rows met again in a later epoch overwrite their file, counted once.
+    digest = hashlib.sha1(rows.to_pandas().to_csv().encode()).hexdigest()[:16]
+    pq.write_table(rows, out / f"parse-{digest}.parquet")
 
 
 def count_quarantined(quarantine_dir: Path) -> dict[str, int]:
@@ -155,7 +158,9 @@ def sparse_transform(table: pa.Table, spec: TransformSpec) -> pa.Table:
 def _hash_lists(col: pa.Array, table_size: int, max_len: int) -> pa.LargeListArray:
     col = col.fill_null(pa.scalar([], col.type)) if col.null_count else col
     lengths = col.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
+    # A sliced array's offsets need not start at 0; flatten() starts at its first value.
     offsets = np.asarray(col.offsets, dtype=np.int64)
+    offsets = offsets - offsets[0]
     flat = col.flatten().to_numpy(zero_copy_only=False)
     # Keep the most recent max_len ids: the tail of each list.
     new_lengths = np.minimum(lengths, max_len)
