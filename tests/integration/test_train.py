@@ -174,3 +174,17 @@ def test_worker_failure_resumes_from_last_checkpoint(ray_train_cluster, tmp_path
     assert fired, "the injected fault never fired"
     assert result.start_epoch == 1  # resumed after the epoch-0 checkpoint, not from scratch
     _check_result(result, epochs=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bf16_with_read_ahead_learns_on_one_and_two_workers(ray_train_cluster, tmp_path, workers):
+    # bf16 autocast (forced: auto keeps these tiny MLPs in fp32), read-ahead of 2 batches, table-wise over gloo.
+    job = _job(tmp_path, num_workers=workers, cpus_per_worker=0.5, epochs=2, precision="bf16")
+    job = job.model_copy(update={"ingest": job.ingest.model_copy(update={"prefetch_batches": 2})})
+    result = run_training(job, _datasets(), mlflow_run_id=None, tracking_uri=None,
+                          storage_path=str(tmp_path / "ray"))
+    _check_result(result, epochs=2)
+    assert result.auc > 0.7, result
+    assert result.metrics["precision"] == "bf16"
+    assert result.metrics["intra_op_threads"] == 1  # 0.5 CPU each: one thread, never 0, never all cores

@@ -192,3 +192,36 @@ def test_configure_threads_when_the_interop_pool_is_already_sized() -> None:
     intra, inter, reason = json.loads(out.stdout.strip().splitlines()[-1])
     assert (intra, inter) == (1, 3)  # what torch really runs with is what gets reported
     assert "inter-op pool already started, left as is" in reason
+
+
+def test_fp32_islands_inside_the_bf16_forward(tiny_job, packed_batch) -> None:
+    from torchrec.models.dlrm import InteractionArch
+
+    from dlrm_platform.train.model import build_dlrm
+    from dlrm_platform.train.perf import FP32_ISLAND_MAX_OUT, install_fp32_islands
+
+    job = tiny_job(bottom_mlp=[64, 8], top_mlp=[64, 1])
+    model = build_dlrm(job, "cpu")
+    names = install_fp32_islands(model, "cpu")
+    assert install_fp32_islands(model, "cpu") == names  # idempotent
+    narrow = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.out_features < 32]
+    assert FP32_ISLAND_MAX_OUT == 32 and len(narrow) == 2  # the bottom MLP's 64->8 and the logit layer
+    assert set(names) == {*narrow, "model.inter_arch"}
+    dtypes: dict[str, torch.dtype] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Linear, InteractionArch)):
+            module.register_forward_hook(lambda m, a, out, name=name: dtypes.__setitem__(name, out.dtype))
+    batch = unpack_batch(packed_batch(16), ["uc", "hist", "ic"], 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, logits = model(batch)
+        assert torch.is_autocast_enabled("cpu")  # restored after every island
+    assert {dtypes[n] for n in names} == {torch.float32}
+    wide = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.out_features >= 32]
+    assert wide and {dtypes[n] for n in wide} == {torch.bfloat16}
+    assert logits.dtype == torch.float32 and loss.dtype == torch.float32
+    loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for n, p in model.named_parameters()
+               if "embedding_bags" not in n)
+    dtypes.clear()
+    model(batch)  # no autocast: the hooks do nothing
+    assert set(dtypes.values()) == {torch.float32}

@@ -79,6 +79,7 @@ from dlrm_platform.train.perf import (
     ThreadPlan,
     apply_precision,
     configure_threads,
+    install_fp32_islands,
     plan_threads,
     ray_assigned_cpus,
     resolve_precision,
@@ -385,6 +386,8 @@ class Worker:
     def __post_init__(self) -> None:
         if self.precision is None:
             self.precision = resolve_precision(self.job, self.device)
+        if self.precision.name == "bf16":  # the interaction and narrow layers stay fp32 (see .perf)
+            install_fp32_islands(self.model, self.device.type)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast around forward when the precision is bf16 (embeddings stay fp32 in fbgemm)."""

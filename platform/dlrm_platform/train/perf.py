@@ -6,9 +6,9 @@ run log with the reason, and reported with the epoch metrics.
 Precision (``train.precision``)::
 
     fp32   everything in float32
-    bf16   torch.autocast(bfloat16) around forward: the MLPs and the
-           interaction run in bf16; the embedding tables, their fused
-           row-wise Adagrad update (fbgemm) and the loss stay float32
+    bf16   torch.autocast(bfloat16) around forward: the MLP layers run in
+           bf16; the embedding tables, their fused row-wise Adagrad update
+           (fbgemm), the loss and two fp32 islands stay float32 (below)
     auto   CPU: bf16 when the CPU has native bf16 instructions (AVX512-BF16
                 or AMX, read from /proc/cpuinfo) *and* the MLPs are big
                 enough to gain (>= BF16_MIN_DENSE_MACS multiply-adds per
@@ -24,6 +24,14 @@ Demo model (MLPs 64-16 / 64-1, ~4k MACs/sample): bf16 0.80-0.85x of fp32;
 MLPs 128-64-16 / 128-64-1 (~24k): 0.82x; 256-64-16 / 256-128-1 (~63k): 1.69x;
 the Criteo Kaggle model (512-256-64-16 / 512-256-1, ~480k): 2.4-2.5x.
 ``benchmarks/train_speed.py`` re-measures the last one.
+
+fp32 islands (:func:`install_fp32_islands`): inside the bf16 forward, the
+pairwise-dot interaction and every Linear layer narrower than
+``FP32_ISLAND_MAX_OUT`` outputs (the logit layer, the bottom MLP's last
+layer) run in fp32. Both are cheap, both were measured no faster in bf16
+(a 256->1 layer 20x slower, the interaction's small batched matmuls 1.3-3x
+slower) and both sit where bf16's 8-bit mantissa hurts: the dot products
+are the model's feature crosses and the logit feeds the loss directly.
 
 Threads: intra-op threads = the CPUs Ray assigned to this worker (floored,
 at least 1), capped at the CPUs this process may run on divided by the
@@ -51,6 +59,7 @@ from dlrm_platform.config import JobConfig
 
 __all__ = [
     "BF16_MIN_DENSE_MACS",
+    "FP32_ISLAND_MAX_OUT",
     "Precision",
     "ThreadPlan",
     "apply_precision",
@@ -58,6 +67,7 @@ __all__ = [
     "cpu_flags",
     "cpu_has_native_bf16",
     "dense_macs_per_sample",
+    "install_fp32_islands",
     "plan_threads",
     "ray_assigned_cpus",
     "resolve_precision",
@@ -68,6 +78,9 @@ log = logging.getLogger(__name__)
 
 # Multiply-adds per sample of the MLPs (forward) from which bf16 autocast pays on a CPU (see the docstring).
 BF16_MIN_DENSE_MACS = 40_000
+
+# Linear layers with fewer outputs than this stay fp32 inside the bf16 forward (see the docstring).
+FP32_ISLAND_MAX_OUT = 32
 
 # /proc/cpuinfo flags of native bf16 arithmetic: AVX512-BF16 (dot products) and AMX tiles.
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -175,6 +188,53 @@ def resolve_precision(
     return Precision("bf16", requested, (
         f"the CPU has native bf16 ({', '.join(have)}) and the MLPs do {macs:,} multiply-adds per sample "
         f"(>= {BF16_MIN_DENSE_MACS:,})"))
+
+
+_ISLAND_ATTR = "_dlrm_fp32_island"
+
+
+def _is_island(module: torch.nn.Module) -> bool:
+    from torchrec.models.dlrm import InteractionArch
+
+    if isinstance(module, InteractionArch):
+        return True
+    return isinstance(module, torch.nn.Linear) and module.out_features < FP32_ISLAND_MAX_OUT
+
+
+def install_fp32_islands(model: torch.nn.Module, device_type: str) -> list[str]:
+    """Make the interaction and the narrow Linear layers of ``model`` run in fp32 under autocast.
+
+    Forward hooks: before such a module, autocast is switched off and its
+    floating-point inputs are cast to fp32; after it, autocast is restored.
+    Without autocast the hooks do nothing. Idempotent; parameters and state
+    dicts are untouched. Returns the names of the modules it applies to.
+    """
+    names = []
+    for name, module in model.named_modules():
+        if not _is_island(module):
+            continue
+        names.append(name)
+        if getattr(module, _ISLAND_ATTR, None) is not None:
+            continue
+        stack: list[bool] = []  # per call: whether this call switched autocast off (calls may nest)
+
+        def before(mod, args, kwargs, stack=stack):
+            if not torch.is_autocast_enabled(device_type):
+                stack.append(False)
+                return None
+            stack.append(True)
+            torch.set_autocast_enabled(device_type, False)
+            cast = lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+            return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+        def after(mod, args, output, stack=stack):
+            if stack.pop():
+                torch.set_autocast_enabled(device_type, True)
+
+        module.register_forward_pre_hook(before, with_kwargs=True)
+        module.register_forward_hook(after)
+        setattr(module, _ISLAND_ATTR, device_type)
+    return names
 
 
 def apply_precision(precision: Precision, device: torch.device | str) -> None:
