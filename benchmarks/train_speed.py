@@ -128,6 +128,20 @@ def session_job(workdir: Path, samples: int, batch_size: int, dedup: bool, mlps=
         f"ingest.dedup={'true' if dedup else 'false'}", f"ingest.batch_size={batch_size}", "train.precision=auto"])
 
 
+def without_user_lookups(batch, user_features: list[str]):
+    """The same plain batch with every user-side bag empty: the step minus its user embedding work."""
+    import torch
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    kjt = batch.sparse_features
+    by_key = kjt.to_dict()
+    lengths = [torch.zeros_like(by_key[k].lengths()) if k in user_features else by_key[k].lengths() for k in kjt.keys()]
+    values = [by_key[k].values() for k in kjt.keys() if k not in user_features]
+    return Batch(batch.dense_features, KeyedJaggedTensor.from_lengths_sync(kjt.keys(), torch.cat(values),
+                                                                           torch.cat(lengths)), batch.labels)
+
+
 def pack_plain(batch) -> pa.Table:
     """A torchrec Batch as one packed row of the plain contract (ingest/batching.py)."""
     from dlrm_platform.ingest.batching import PACKED_SCHEMA
@@ -484,7 +498,7 @@ def session_batches(workdir: Path, samples: int, batch_size: int) -> tuple[list[
 
 
 def auc_check(workdir: Path, sessions: int, batch_size: int, device, mlps=None, epochs: int = 1,
-              seeds: tuple[int, ...] = (0, 1)) -> dict[str, Any]:
+              seeds: tuple[int, ...] = (0, 1, 2), learning_rates: tuple[float, float] | None = None) -> dict[str, Any]:
     """The demo job (or its data with other MLPs) trained in fp32 and in bf16, same steps, same data order.
 
     For every seed (initial weights) one fp32 and one bf16 run from the same weights; the figures are
@@ -508,6 +522,8 @@ def auc_check(workdir: Path, sessions: int, batch_size: int, device, mlps=None, 
                  f"ingest.batch_size={batch_size}", "ingest.dedup=false"]
     if mlps:
         overrides += [f"train.bottom_mlp={mlps[0]}", f"train.top_mlp={mlps[1]}"]
+    if learning_rates:
+        overrides += [f"train.learning_rate={learning_rates[0]}", f"train.embedding_learning_rate={learning_rates[1]}"]
     job = load_job_config(ROOT / "configs" / "demo.yaml", overrides)
     if not (job.data.path / "_SUCCESS").exists():
         generate_dataset(job.data, overwrite=True, progress=False)
@@ -614,8 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--auc-sessions", type=int, help="sessions of the demo data for the AUC check (default 20,000 "
                    "as the demo; --quick 4,000)")
     p.add_argument("--auc-batch-size", type=int, default=1024, help="batch size of the AUC check (the demo's)")
-    p.add_argument("--auc-seeds", type=int, default=2, help="initial weights per precision in the AUC check "
-                   "(default 2: the mean of paired differences, and the fp32 seed-to-seed spread)")
+    p.add_argument("--auc-seeds", type=int, default=3, help="initial weights per precision in the AUC check "
+                   "(default 3: the mean of paired differences, and the fp32 seed-to-seed spread)")
     p.add_argument("--no-auc", action="store_true", help="skip the bf16 vs fp32 AUC check")
     p.add_argument("--no-auc-criteo-mlps", action="store_true", help="skip the AUC check with the Criteo MLPs")
     p.add_argument("--no-sessions", action="store_true", help="skip the session data (ours_dedup)")
@@ -731,6 +747,8 @@ def main(argv: list[str] | None = None) -> int:
                     StockTorchRec(plain_job, [b.to(device) for b in expanded], device, name="torchrec_sessions"),
                     Ours(plain_job, [pack_plain(b) for b in expanded], device, name="ours_sessions"),
                     Ours(sjob, dedup_packed, device, name="ours_dedup"),
+                    Ours(plain_job, [pack_plain(without_user_lookups(b, plain_job.data.columns.user_sparse_features))
+                                     for b in expanded], device, name="ours_no_user_lookups"),
                 ]
                 log(f"session data, {mlps_name} MLPs: {svariants[2].worker.precision.describe()}; "
                     f"{len(dedup_packed)} batches, dedup factor {factor:.2f}")
@@ -743,6 +761,13 @@ def main(argv: list[str] | None = None) -> int:
                     result[f"ratio_{key}{suffix}"] = st[a].median / st[b].median
                     result[f"paired_ratio_{key}{suffix}"] = paired(st, a, b)
                     result[f"cpu_ratio_{key}{suffix}"] = st[a].median_cpu / st[b].median_cpu
+                # The most deduplicating lookups can save: the user-lookup share s of the plain step, at f samples
+                # per user row (Amdahl); the user-only MLP slices add little (first-layer user columns).
+                share = max(0.0, 1.0 - st["ours_sessions"].median_cpu / st["ours_no_user_lookups"].median_cpu)
+                result[f"user_lookup_share{suffix}"] = share
+                result[f"dedup_lookup_bound{suffix}"] = amdahl(share, factor)
+                result[f"bound_ours_dedup_vs_torchrec{suffix}"] = (
+                    result[f"cpu_ratio_ours_sessions_vs_torchrec{suffix}"] * amdahl(share, factor))
                 del svariants
                 bottom, top = plain_job.train.bottom_mlp, plain_job.train.top_mlp
                 report.append("")
@@ -755,7 +780,13 @@ def main(argv: list[str] | None = None) -> int:
                     ("torchrec_sessions", "stock TorchRec (as above) on the expanded batches"),
                     ("ours_sessions", f"platform trainer, dedup off, {result.get('ours_dedup_precision' + suffix)}"),
                     ("ours_dedup", "platform trainer, dedup on: IKJT batches, user side once per user row"),
+                    ("ours_no_user_lookups", "breakdown: ours_sessions with every user-side bag empty"),
                 ], st, ["torchrec_sessions", "ours_sessions"], batch_size))
+                report.append(
+                    f"breakdown (CPU time): user-side lookups are {share:.0%} of the plain step; deduplicating them at "
+                    f"{factor:.1f} samples per user row can gain at most {result[f'dedup_lookup_bound{suffix}']:.2f}x "
+                    f"(measured {result[f'cpu_ratio_ours_dedup_vs_ours_sessions{suffix}']:.2f}x), which bounds "
+                    f"ours_dedup at ~{result[f'bound_ours_dedup_vs_torchrec{suffix}']:.2f}x stock TorchRec here")
         else:
             result.update({"ours_dedup": None, "ratio_ours_dedup_vs_torchrec": None})
 
@@ -773,11 +804,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{a.get('auc_noise_floor', float('nan')):.4f}")
             if not args.no_auc_criteo_mlps:
                 log("AUC: Criteo MLPs on the demo data, fp32 vs bf16")
+                lrs = (job.train.learning_rate, job.train.embedding_learning_rate)  # criteo_kaggle.yaml's
                 c = auc_check(workdir, auc_sessions, args.auc_batch_size, device, mlps=CRITEO_MLPS,
-                              seeds=tuple(range(args.auc_seeds)))
+                              seeds=tuple(range(args.auc_seeds)), learning_rates=lrs)
+                result["auc_learning_rates_criteo_mlps"] = list(lrs)
                 result.update({f"{k}_criteo_mlps": v for k, v in c.items()})
                 report.append(
-                    f"AUC, Criteo MLPs on the same data (auto picks bf16 here; {c['auc_steps']} steps per run): "
+                    f"AUC, Criteo MLPs and learning rates (criteo_kaggle.yaml) on the same data (auto picks bf16 "
+                    f"here; {c['auc_steps']} steps per run): "
                     f"fp32 {c['auc_fp32']:.4f}, bf16 {c['auc_bf16']:.4f}, difference {c['auc_diff']:+.4f} "
                     f"(per seed {', '.join(f'{d:+.4f}' for d in c['auc_diff_by_seed'])}); fp32 seed-to-seed spread "
                     f"{c.get('auc_noise_floor', float('nan')):.4f}")

@@ -90,7 +90,7 @@ def test_live_control_with_a_plain_iterator_across_two_epochs(tuner_cluster):
     from dlrm_platform import tuner
 
     pipe = _pipeline(actor_middle=False)
-    blocks = 60
+    blocks = 40
     ds, cfg, specs, opts = _build(pipe, "plumber", actor_middle=False, blocks=blocks)
     handle = tuner.attach(cfg, None, ds.context, BUDGET, operators=specs, options=opts, tuner_id="live-iter")
     try:
@@ -129,7 +129,7 @@ def test_live_control_under_ray_train_with_an_actor_pool(tuner_cluster, tmp_path
     from dlrm_platform import tuner
 
     pipe = _pipeline(actor_middle=True)
-    blocks = 50
+    blocks = 36
     ds, cfg, specs, opts = _build(pipe, "plumber", actor_middle=True, blocks=blocks)
     handle = tuner.attach(cfg, None, ds.context, BUDGET, operators=specs, options=opts, tuner_id="live-train")
 
