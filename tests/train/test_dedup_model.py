@@ -221,7 +221,16 @@ def test_mlp_path_rule_follows_the_work_saved(tmp_path):
     # per duplicated sample: 2 user dense x 16 bottom units + 3 user-user pairs x 12 top units
     assert model.split_saves_macs(64, 8) == (64 - 8) * (2 * 16 + 3 * 12)
     assert model.split_saves_macs(64, 64) == 0
-    assert model.mlp_split_min_macs == dedup_model.MLP_SPLIT_MIN_MACS
+    # bottom 3x16 + 16x8, top (8 + 15 pairs)x12 + 12x6 + 6x1 multiply-adds per sample
+    assert model.mlp_macs_per_sample == 3 * 16 + 16 * 8 + 23 * 12 + 12 * 6 + 6
+    assert model.takes_split(64, 8) and not model.takes_split(64, 64)  # saves 3,808 >= 5% of 33,920
+    # Criteo-sized MLPs: the user-only slices are ~1% of the MLP work, not worth the split's extra operators
+    wide = build_dedup_dlrm(_job("demo", tmp_path, bottom_mlp=[512, 256, 64, 8], top_mlp=[512, 256, 1]), "cpu").model
+    saved = wide.split_saves_macs(64, 8)
+    assert 0 < saved < dedup_model.MLP_SPLIT_MIN_SHARE * 64 * wide.mlp_macs_per_sample
+    assert not wide.takes_split(64, 8)
+    # an explicit threshold overrides the share rule (the tests of both paths use it)
+    assert build_dedup_dlrm(job, "cpu", mlp_split_min_macs=0).model.takes_split(64, 64)
 
 
 def test_padded_kjt_layout(tmp_path):

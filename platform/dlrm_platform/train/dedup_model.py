@@ -25,20 +25,23 @@ Both paths compute the plain model's function; expansion is ``index_select``,
 whose backward sums a user row's samples, so the user side's backward also
 runs once per user row.
 
-Which MLP path runs is decided per batch (:attr:`DedupDLRM.mlp_split_min_macs`):
+Which MLP path runs is decided per batch (:meth:`DedupDLRM.takes_split`):
 the split saves ``(B - U) * (Du * H1 + P_uu * H_top)`` multiply-adds of the
-forward (about 3x that with the backward) and costs ~20 small extra
-operators, so it runs when it saves at least ``mlp_split_min_macs`` (default
-1: whenever some user row serves two samples). In the plain DLRM the bottom
-MLP takes *all* dense columns (user and item), so after its first layer every
-unit mixes both sides: only the first layer's user columns and the
-user-user pairs' slice of the top MLP's first layer are functions of the user
-alone. On the demo model (Du = 3, H1 = 64, 6 user-user pairs, H_top = 64) that
-is ~0.5 M multiply-adds per batch of 1024 at 8 samples per session: measured,
-the split path is as fast as the expand path or up to ~3% faster. The bulk of
-the user-side work is the embedding side (the ~60-id history per sample);
-``benchmarks/dedup.py`` measures the user-side share of the plain model's
-step and the speed-up it bounds.
+forward (about 3x that with the backward) but costs ~20 small extra
+operators and runs the first layers on sliced (copied, and under bf16
+autocast re-cast) weights, so by default it runs only where it saves at least
+:data:`MLP_SPLIT_MIN_SHARE` of the batch's MLP multiply-adds. In the plain
+DLRM the bottom MLP takes *all* dense columns (user and item), so after its
+first layer every unit mixes both sides: only the first layer's user columns
+and the user-user pairs' slice of the top MLP's first layer are functions of
+the user alone. On the demo model (Du = 3, H1 = 64, 6 user-user pairs,
+H_top = 64) that is ~13% of the MLP work at 8 samples per session (split
+taken; measured as fast as the expand path or up to ~3% faster); with the
+Criteo MLPs (512-256-64-16 / 512-256-1) it is ~1.5% (expand taken: the split
+measured ~10% slower there in bf16). The bulk of the user-side work is the
+embedding side (the ~60-id history per sample); ``benchmarks/dedup.py`` and
+``benchmarks/train_speed.py`` measure the user-side share of the plain step
+and the speed-up it bounds.
 
 Embeddings: one ``EmbeddingBagCollection`` with the plain model's tables
 (``t_<feature>``), fed one KJT of stride ``B`` whose user features hold the
@@ -74,7 +77,7 @@ from dlrm_platform.ingest.dedup_batching import DedupBatch, dummy_dedup_batch, i
 from dlrm_platform.train import model as plain_model
 
 __all__ = [
-    "MLP_SPLIT_MIN_MACS",
+    "MLP_SPLIT_MIN_SHARE",
     "DedupDLRM",
     "DedupDLRMTrain",
     "batch_codec",
@@ -87,8 +90,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Forward multiply-adds the MLP split must save per batch to be taken (see the module docstring).
-MLP_SPLIT_MIN_MACS = 1
+# Share of a batch's MLP forward multiply-adds the MLP split must save to be taken (see the module docstring).
+MLP_SPLIT_MIN_SHARE = 0.05
 
 
 class DedupDLRM(nn.Module):
@@ -100,7 +103,8 @@ class DedupDLRM(nn.Module):
         num_user_dense / num_item_dense: ``Du`` / ``Di``.
         dense_arch_layer_sizes / over_arch_layer_sizes: as ``torchrec.models.dlrm.DLRM``'s.
         mlp_split_min_macs: take the split MLP path on batches where it saves at least this many
-            forward multiply-adds (0: always, ``float('inf')``: never).
+            forward multiply-adds (0: always, ``float('inf')``: never); ``None`` (default): where it saves
+            at least :data:`MLP_SPLIT_MIN_SHARE` of the batch's MLP forward multiply-adds.
     """
 
     def __init__(
@@ -112,7 +116,7 @@ class DedupDLRM(nn.Module):
         dense_arch_layer_sizes: Sequence[int],
         over_arch_layer_sizes: Sequence[int],
         dense_device: torch.device | None = None,
-        mlp_split_min_macs: float = MLP_SPLIT_MIN_MACS,
+        mlp_split_min_macs: float | None = None,
     ) -> None:
         super().__init__()
         if num_user_dense + num_item_dense < 1:
@@ -151,6 +155,10 @@ class DedupDLRM(nn.Module):
         h1 = dense_arch_layer_sizes[0]
         h_top = over_arch_layer_sizes[0]
         self._split_macs_per_sample = self.Du * h1 * (self.Di > 0) + len(uu) * h_top
+        bottom_in = [self.Du + self.Di, *dense_arch_layer_sizes[:-1]]
+        top_in = [self.E + num_pairs, *over_arch_layer_sizes[:-1]]
+        self.mlp_macs_per_sample = (sum(a * b for a, b in zip(bottom_in, dense_arch_layer_sizes, strict=True))
+                                    + sum(a * b for a, b in zip(top_in, over_arch_layer_sizes, strict=True)))
 
     # ------------------------------------------------------------------ pieces
 
@@ -161,6 +169,13 @@ class DedupDLRM(nn.Module):
                                                    strict=True))
             return (num_samples - num_users) * (per_sample + self._split_macs_per_sample)
         return (num_samples - num_users) * self._split_macs_per_sample
+
+    def takes_split(self, num_samples: int, num_users: int) -> bool:
+        """Whether a batch of this shape runs the split MLP path (see the module docstring)."""
+        saves = self.split_saves_macs(num_samples, num_users)
+        if self.mlp_split_min_macs is None:
+            return saves > 0 and saves >= MLP_SPLIT_MIN_SHARE * num_samples * self.mlp_macs_per_sample
+        return saves >= self.mlp_split_min_macs
 
     @property
     def dense_arch_sizes(self) -> list[int]:
@@ -219,7 +234,7 @@ class DedupDLRM(nn.Module):
         e_u = e[:num_users, : self.Fu]  # [U, Fu, E]: the user rows' pooled embeddings
         e_u_exp = e_u.index_select(0, inverse)
         e_i = e[:, self.Fu :]
-        if self.split_saves_macs(num_samples, num_users) >= self.mlp_split_min_macs:
+        if self.takes_split(num_samples, num_users):
             d = self._bottom_split(user_dense, item_dense, inverse)
             return self._top_split(d, e_u, e_u_exp, e_i, inverse)
         d = self.dense_arch(torch.cat([user_dense.index_select(0, inverse), item_dense], dim=1))
@@ -241,7 +256,7 @@ class DedupDLRMTrain(nn.Module):
 
 
 def build_dedup_dlrm(job: JobConfig, device: torch.device | str = "meta",
-                     mlp_split_min_macs: float = MLP_SPLIT_MIN_MACS) -> DedupDLRMTrain:
+                     mlp_split_min_macs: float | None = None) -> DedupDLRMTrain:
     """The unsharded dedup DLRM of ``job``: the tables and MLPs of ``model.build_dlrm``."""
     device = torch.device(device)
     cols: DatasetSchema = job.data.columns
@@ -260,7 +275,7 @@ def build_dedup_dlrm(job: JobConfig, device: torch.device | str = "meta",
 
 
 def build_sharded_dedup_model(job: JobConfig, device: torch.device,
-                              mlp_split_min_macs: float = MLP_SPLIT_MIN_MACS) -> DistributedModelParallel:
+                              mlp_split_min_macs: float | None = None) -> DistributedModelParallel:
     """As ``model.build_sharded_model`` for the dedup model: fused row-wise Adagrad, the same sharding plan
     and the same data-parallel wrapping (none in a world of one)."""
     torch.manual_seed(job.train.seed)
