@@ -112,9 +112,11 @@ def test_live_control_with_a_plain_iterator_across_two_epochs(tuner_cluster):
     _check_budget(e1 + e2)
     decided = [t for t in e1 if t["decision"]]
     assert decided, "the policy never changed the allocation"
-    assert decided[0]["allocation"]["heavy"] > 2
+    # the first moves may take a slot from a light operator before the heavy one gains one
+    raised = [t for t in decided if t["allocation"]["heavy"] > 2]
+    assert raised, f"the heavy operator never got more slots: {[t['allocation'] for t in decided]}"
     # Ray's own counter of running tasks follows the new cap within the same execution ...
-    after = [t for t in e1 if t["t"] > decided[0]["t"] + 2.0]
+    after = [t for t in e1 if t["t"] > raised[0]["t"] + 2.0]
     assert after and max(t["per_op"]["heavy"]["tasks_now"] for t in after) > 2
     # ... and in the next execution (epoch 2), which starts from the tuned allocation
     assert starts[1]["allocation"]["heavy"] > 2
