@@ -18,7 +18,7 @@ post-shift steady state and the throughput recovered to. ``oracle`` measures a
 shortlist of allocations live: every allocation within the budget is scored by
 the model measured live after a warm-up (or, with ``--oracle-shortlist truth``,
 by the YAML's overhead-free true costs) and the best ``--oracle-k`` are each
-measured for 5 s; the best measured is kept.
+measured live (4 s to settle, then the mean rate over 8 s); the best measured is kept.
 
 ``--json PATH`` writes {"throughput": {policy: sps}, "rl_vs_oracle", "rl_vs_ray_default",
 "rl_vs_plumber", "rl_vs_hill_climb", "rl_seconds_to_95pct", "stalls", ...}.
@@ -56,6 +56,7 @@ from dlrm_platform.tuner.synthetic import (  # noqa: E402
 
 POLICIES = ["static", "ray_default", "plumber", "hill_climb", "rl", "oracle"]
 ORACLE_SHORTLIST = "measured"
+ORACLE_SETTLE_S, ORACLE_MEASURE_S = 4.0, 8.0  # per candidate: settle after the switch, then average
 STALL_S = 10.0
 
 
@@ -118,7 +119,7 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
         if ORACLE_SHORTLIST == "truth":
             options["oracle_candidates"] = oracle_shortlist(pipe, oracle_k)
         options["oracle_max_measured"] = oracle_k  # else: every allocation scored by the measured model
-        options["oracle_measure_s"] = 5.0
+        options["oracle_settle_s"], options["oracle_measure_s"] = ORACLE_SETTLE_S, ORACLE_MEASURE_S
     strategies = tuner_api.compute_strategies(cfg, None, budget, operators=specs)
     _, opt_rate = expected_optimum(pipe)
     blocks = int(math.ceil(run_s * opt_rate * 1.5 / pipe.rows_per_block)) + 20
@@ -259,7 +260,8 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
         for r in range(args.rounds):
             order = policies if r % 2 == 0 else list(reversed(policies))
             for pol in order:
-                run_s = args.run_s + (args.oracle_k * 5.0 + 25 if pol == "oracle" else 0.0)
+                search_s = args.oracle_k * (ORACLE_SETTLE_S + ORACLE_MEASURE_S + 1.0) + 25
+                run_s = args.run_s + (search_s if pol == "oracle" else 0.0)
                 print(f"  [{kind} round {r + 1}] {pol}: {run_s:.0f} s ...", flush=True)
                 res = run_one(pipe, pol, run_s, shift_at=None, plot_dir=args.plot_dir, oracle_k=args.oracle_k,
                               tag=f"{kind}{r}")

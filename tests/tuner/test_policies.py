@@ -54,7 +54,7 @@ def test_hill_climb_adds_where_it_helps_until_nothing_helps():
 
 def test_oracle_measures_every_allocation_when_few():
     pipe = SimPipeline(ops=[SimOp("a", 400.0), SimOp("b", 100.0)], budget=6.0, noise=0.0)
-    spec = _spec("oracle", pipe, initial=3, oracle_measure_s=2.0, oracle_max_measured=10)
+    spec = _spec("oracle", pipe, initial=3, oracle_settle_s=1.0, oracle_measure_s=2.0, oracle_max_measured=10)
     every = enumerate_allocations(spec.ops, 6.0)
     assert len(every) == 5 and all(sum(a.values()) == 6 for a in every)
     trace = run_controller_in_sim(pipe, spec, steps=30)
@@ -112,3 +112,14 @@ def test_policies_survive_a_cost_shift_within_budget(policy):
     for x in trace:
         assert sum(x["allocation"].values()) <= 13
         assert min(x["allocation"].values()) >= 1
+
+
+def test_oracle_settles_then_averages_each_candidate():
+    # (2, 4) is the best allocation, 10% above (1, 5). Measured on one noisy tick right after the
+    # switch, (1, 5) wins almost always: it is measured while the queue (2, 4) built drains.
+    # Settling first and averaging over the window picks (2, 4).
+    for seed in range(10):
+        pipe = SimPipeline(ops=[SimOp("a", 400.0), SimOp("b", 110.0)], budget=6.0, noise=0.2)
+        spec = _spec("oracle", pipe, initial=3, oracle_settle_s=5.0, oracle_measure_s=30.0, oracle_max_measured=10)
+        trace = run_controller_in_sim(pipe, spec, steps=250, seed=seed)
+        assert trace[-1]["allocation"] == {"a": 2, "b": 4}, seed

@@ -238,7 +238,12 @@ class OraclePolicy(Policy):
 
     def __init__(self, spec: TunerSpec):
         super().__init__(spec)
+        # Each candidate: let the pipeline settle after the switch (in-flight tasks of the old allocation
+        # finish), then average the delivered rate over the measurement window; one ~1 s tick is too
+        # coarse (a block of thousands of rows lands in one tick or the next).
+        self.settle_s = float(self.opts.get("oracle_settle_s", 2.0))
         self.measure_s = float(self.opts.get("oracle_measure_s", 4.0))
+        self._rows = self._secs = 0.0
         self.max_measured = int(self.opts.get("oracle_max_measured", 12))
         given = self.opts.get("oracle_candidates")
         self.candidates: list[Allocation] | None = [dict(c) for c in given] if given else None
@@ -284,9 +289,14 @@ class OraclePolicy(Policy):
         if self.idx < 0:
             self.idx = 0
             return self.candidates[0]
-        if obs.since_change_s < self.measure_s:
+        if obs.since_change_s <= self.settle_s:
             return None
-        self.results.append((obs.throughput, dict(alloc)))
+        self._rows += obs.throughput * obs.window_s
+        self._secs += obs.window_s
+        if obs.since_change_s < self.settle_s + self.measure_s:
+            return None
+        self.results.append((self._rows / max(self._secs, 1e-9), dict(alloc)))
+        self._rows = self._secs = 0.0
         self.idx += 1
         if self.idx < len(self.candidates):
             return self.candidates[self.idx]
