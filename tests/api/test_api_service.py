@@ -321,3 +321,41 @@ def test_key_cache_remembers_for_its_ttl(tmp_path: Path):
     on.put("key", p)
     assert on.get("key") == p and on.get("other") is None
     assert "key" not in on._entries  # stored by hash, never the key
+
+
+def test_concurrent_polls_of_an_uncached_job_share_one_render(tmp_path: Path, monkeypatch):
+    import asyncio
+    import time as _time
+
+    import httpx
+
+    from dlrm_platform.api.routes import jobs as job_routes
+
+    s = Stack(tmp_path, view_cache_ttl_s=3600.0)
+    renders: list[str] = []
+    real_render = job_routes._render_job
+
+    def slow_render(job_id, principal, service, settings):
+        renders.append(principal.user)
+        _time.sleep(0.2)  # long enough for every poll below to arrive while it runs
+        return real_render(job_id, principal, service, settings)
+
+    monkeypatch.setattr(job_routes, "_render_job", slow_render)
+    try:
+        job = s.submit("alice")["id"]
+        s.service.view_cache.invalidate([job])
+
+        async def burst():
+            transport = httpx.ASGITransport(app=s.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+                return await asyncio.gather(*(c.get(f"/v1/jobs/{job}", headers=s.h(u))
+                                              for u in ["alice"] * 20 + ["bob"] * 3))
+
+        responses = asyncio.run(burst())
+        alice, bob = responses[:20], responses[20:]
+        assert [r.status_code for r in alice] == [200] * 20 and len({r.content for r in alice}) == 1
+        assert [r.status_code for r in bob] == [404] * 3  # another user's job, shared render or not
+        assert renders.count("alice") == 1 and renders.count("bob") <= 1
+        assert not s.service.view_renders  # nothing left in flight
+    finally:
+        s.close()

@@ -158,6 +158,8 @@ class JobService:
         self.workdir = settings.job_workdir.resolve()
         self.key_cache = KeyCache(settings.auth_cache_ttl_s)
         self.view_cache = ViewCache(settings.view_cache_ttl_s)
+        # (job id, user) -> the render in flight: concurrent polls of one job share one render
+        self.view_renders: dict[tuple[str, str], asyncio.Future] = {}
         event.listen(db.session_factory, "after_flush", _collect_changed_jobs)
         event.listen(db.session_factory, "after_commit", self._invalidate_committed)
         self.ray_ok: bool | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response, status
@@ -133,11 +134,34 @@ async def get_job(job_id: JobId, principal: PrincipalDep, service: ServiceDep, s
     # Polled hard: served from the rendered-view cache when nothing changed.
     hit = service.view_cache.get(job_id)
     if hit is None:
-        hit = await run_in_threadpool(_render_job, job_id, principal, service, settings)
+        hit = await _render_once(job_id, principal, service, settings)
     owner, body = hit
     if owner != principal.user and not principal.is_admin:
         raise NotFound(f"no job {job_id}")
     return Response(body, media_type="application/json")
+
+
+async def _render_once(job_id: str, principal: Principal, service: JobService,
+                       settings: ApiSettings) -> tuple[str, bytes]:
+    """Render a job's view; polls arriving while it renders wait for that render instead of
+    each querying and rendering again (a burst of polls on a fresh job would queue N renders)."""
+    key = (job_id, principal.user)
+    pending = service.view_renders.get(key)
+    if pending is not None:
+        return await asyncio.shield(pending)
+    pending = asyncio.get_running_loop().create_future()
+    service.view_renders[key] = pending
+    try:
+        hit = await run_in_threadpool(_render_job, job_id, principal, service, settings)
+    except BaseException as exc:
+        pending.set_exception(exc)
+        pending.exception()  # retrieved: waiters (if any) re-raise it, nobody else must
+        raise
+    else:
+        pending.set_result(hit)
+        return hit
+    finally:
+        service.view_renders.pop(key, None)
 
 
 def _render_job(job_id: str, principal: Principal, service: JobService, settings: ApiSettings) -> tuple[str, bytes]:
