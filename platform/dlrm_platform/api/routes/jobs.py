@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Path, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, StreamingResponse
@@ -27,6 +28,10 @@ from dlrm_platform.api.service import JobService, NotFound
 from dlrm_platform.api.settings import ApiSettings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+# Writes run one at a time in their own thread: SQLite takes one writer at a time anyway, and a burst
+# of submissions in the shared pool would be N threads contending for the GIL with the event loop
+# that answers the (cached) status polls.
+_WRITERS = anyio.CapacityLimiter(1)
 
 AUTH_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": ErrorBody, "description": "no valid API key"}}
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "no such job (or not yours)"}}
@@ -104,8 +109,9 @@ def detail(
     },
     summary="Submit a training job",
 )
-def submit_job(body: JobSubmitRequest, principal: PrincipalDep, service: ServiceDep, response: Response) -> SubmitResponse:
-    job, created = service.submit(principal, body)
+async def submit_job(body: JobSubmitRequest, principal: PrincipalDep, service: ServiceDep,
+                     response: Response) -> SubmitResponse:
+    job, created = await anyio.to_thread.run_sync(service.submit, principal, body, limiter=_WRITERS)
     if not created:
         response.status_code = status.HTTP_200_OK
     return SubmitResponse(id=job.id, status=JobStatus(job.status), created=created)
@@ -208,5 +214,8 @@ async def job_logs(
     responses={**AUTH_ERRORS, **NOT_FOUND, 409: {"model": ErrorBody, "description": "the job already finished"}},
     summary="Cancel: stop the Ray job and mark the MLflow run KILLED",
 )
-def cancel_job(job_id: JobId, principal: PrincipalDep, service: ServiceDep, settings: SettingsDep) -> JobDetail:
-    return detail(service.cancel(principal, job_id), service, settings)
+async def cancel_job(job_id: JobId, principal: PrincipalDep, service: ServiceDep, settings: SettingsDep) -> JobDetail:
+    def cancel() -> JobDetail:
+        return detail(service.cancel(principal, job_id), service, settings)
+
+    return await anyio.to_thread.run_sync(cancel, limiter=_WRITERS)
