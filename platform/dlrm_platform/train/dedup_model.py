@@ -75,6 +75,7 @@ from dlrm_platform.config import DatasetSchema, JobConfig
 from dlrm_platform.ingest.batching import unpack_batch
 from dlrm_platform.ingest.dedup_batching import DedupBatch, dummy_dedup_batch, is_dedup_packed, unpack_dedup_batch
 from dlrm_platform.train import model as plain_model
+from dlrm_platform.train.perf import mlp_macs
 
 __all__ = [
     "MLP_SPLIT_MIN_SHARE",
@@ -152,22 +153,18 @@ class DedupDLRM(nn.Module):
         # Columns of the top MLP's first layer: [d (E), pairs]; split into per-sample and per-user ones.
         self.register_buffer("top_cols_rest", torch.cat([torch.arange(self.E), self.E + rest]), persistent=False)
         self.register_buffer("top_cols_uu", self.E + uu, persistent=False)
-        h1 = dense_arch_layer_sizes[0]
-        h_top = over_arch_layer_sizes[0]
-        self._split_macs_per_sample = self.Du * h1 * (self.Di > 0) + len(uu) * h_top
-        bottom_in = [self.Du + self.Di, *dense_arch_layer_sizes[:-1]]
-        top_in = [self.E + num_pairs, *over_arch_layer_sizes[:-1]]
-        self.mlp_macs_per_sample = (sum(a * b for a, b in zip(bottom_in, dense_arch_layer_sizes, strict=True))
-                                    + sum(a * b for a, b in zip(top_in, over_arch_layer_sizes, strict=True)))
+        bottom_macs = mlp_macs(self.Du + self.Di, dense_arch_layer_sizes)
+        self.mlp_macs_per_sample = bottom_macs + mlp_macs(self.E + num_pairs, over_arch_layer_sizes)
+        # What the split computes per user row instead of per sample: the whole bottom MLP when it sees
+        # only user columns, else its first layer's user columns; and the user-user pairs' slice of the
+        # top MLP's first layer.
+        user_bottom = bottom_macs if self.Di == 0 else self.Du * dense_arch_layer_sizes[0]
+        self._split_macs_per_sample = user_bottom + len(uu) * over_arch_layer_sizes[0]
 
     # ------------------------------------------------------------------ pieces
 
     def split_saves_macs(self, num_samples: int, num_users: int) -> int:
         """Forward multiply-adds the split MLP path saves on a batch of this shape."""
-        if self.Di == 0:  # the whole bottom MLP would run per user row
-            per_sample = sum(a * b for a, b in zip([self.Du, *self.dense_arch_sizes[:-1]], self.dense_arch_sizes,
-                                                   strict=True))
-            return (num_samples - num_users) * (per_sample + self._split_macs_per_sample)
         return (num_samples - num_users) * self._split_macs_per_sample
 
     def takes_split(self, num_samples: int, num_users: int) -> bool:
@@ -176,10 +173,6 @@ class DedupDLRM(nn.Module):
         if self.mlp_split_min_macs is None:
             return saves > 0 and saves >= MLP_SPLIT_MIN_SHARE * num_samples * self.mlp_macs_per_sample
         return saves >= self.mlp_split_min_macs
-
-    @property
-    def dense_arch_sizes(self) -> list[int]:
-        return [p._linear.out_features for p in self.dense_arch.model._mlp]
 
     def _embeddings(self, sparse: KeyedJaggedTensor, num_samples: int) -> torch.Tensor:
         kt = self.sparse_arch.embedding_bag_collection(sparse)

@@ -48,7 +48,7 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -68,6 +68,7 @@ __all__ = [
     "cpu_has_native_bf16",
     "dense_macs_per_sample",
     "install_fp32_islands",
+    "mlp_macs",
     "plan_threads",
     "ray_assigned_cpus",
     "resolve_precision",
@@ -110,15 +111,18 @@ def cpu_has_native_bf16(flags: Iterable[str] | None = None) -> bool:
     return any(f in flags for f in NATIVE_BF16_FLAGS)
 
 
+def mlp_macs(in_features: int, layer_sizes: Sequence[int]) -> int:
+    """Forward multiply-adds per sample of an MLP with these layer sizes (biases not counted)."""
+    return sum(a * b for a, b in zip([in_features, *layer_sizes[:-1]], layer_sizes, strict=True))
+
+
 def dense_macs_per_sample(job: JobConfig) -> int:
     """Forward multiply-adds per sample of the bottom and top MLPs (the part autocast moves to bf16)."""
     train = job.train
     num_dense = len(job.data.columns.dense_columns)
     num_sparse = len(job.data.columns.sparse_features)
-    bottom = sum(a * b for a, b in zip([num_dense, *train.bottom_mlp[:-1]], train.bottom_mlp, strict=True))
     top_in = train.embedding_dim + (num_sparse + 1) * num_sparse // 2
-    top = sum(a * b for a, b in zip([top_in, *train.top_mlp[:-1]], train.top_mlp, strict=True))
-    return bottom + top
+    return mlp_macs(num_dense, train.bottom_mlp) + mlp_macs(top_in, train.top_mlp)
 
 
 @dataclass(frozen=True)
