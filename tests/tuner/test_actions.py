@@ -80,3 +80,27 @@ def test_spec_rejects_minimums_over_budget_and_unknown_policy():
         TunerSpec("x", "static", 1.0, [OpSpec("a", 1.0), OpSpec("b", 1.0)])
     with pytest.raises(ValueError, match="unknown tuner policy"):
         TunerSpec("x", "magic", 4.0, [OpSpec("a", 1.0)])
+
+
+def test_shield_vetoes_moves_the_measured_rates_call_harmful_or_useless():
+    from dlrm_platform.tuner.actions import vetoed_actions
+
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 2, "b": 2, "c": 2}
+    caps = {"a": 100.0, "b": 200.0, "c": 300.0}  # a is the bottleneck; c has the most to spare
+    mask = action_mask(alloc, specs, 6.0, capacities=caps)
+    bad = vetoed_actions(mask, alloc, specs, 6.0, caps, min_gain=0.02)
+    plus, minus = (lambda k: 1 + k), (lambda k: 1 + K_MAX + k)
+    assert not bad[0]                               # hold is never vetoed
+    assert not bad[plus(0)]                         # +1 a (from c): the bottleneck 100 -> 150
+    assert bad[plus(1)]                             # +1 b: a stays at 100, no gain
+    assert bad[minus(0)]                            # -1 a: the bottleneck drops to 50
+    assert not bad[minus(2)]                        # -1 c: 150 left, the bottleneck is unchanged
+    # at a balanced allocation nothing the linear model can see helps: the shield leaves only hold
+    even = {"a": 2, "b": 2, "c": 2}
+    flat = {"a": 200.0, "b": 200.0, "c": 200.0}
+    bad = vetoed_actions(action_mask(even, specs, 6.0, capacities=flat), even, specs, 6.0, flat)
+    assert bad[1:1 + 3].all() and bad[1 + K_MAX:1 + K_MAX + 3].all()
+    # no measurement yet: nothing to judge by, nothing vetoed
+    none = {"a": None, "b": None, "c": None}
+    assert not vetoed_actions(mask, alloc, specs, 6.0, none).any()

@@ -78,3 +78,33 @@ def test_shipped_policy_improves_unseen_pipelines_in_simulation(mus, budget):
     tail = float(np.mean([x["throughput"] for x in trace[-15:]]))
     assert tail > 1.2 * start
     assert tail > 0.85 * t_opt
+
+
+def test_rl_holds_until_the_operators_it_moved_have_been_measured_again():
+    from dlrm_platform.tuner.policies import RLPolicy
+
+    class MovesOneSlotToB:  # stands in for the net: the gate is what is under test
+        calls = 0
+
+        def act(self, obs, alloc, specs, budget, fs):
+            self.calls += 1
+            return {**alloc, "a": alloc["a"] - 1, "b": alloc["b"] + 1}, "+1 b"
+
+    specs = [OpSpec("a", 1.0, initial=4), OpSpec("b", 1.0, initial=4), OpSpec("c", 1.0, initial=4)]
+    policy = RLPolicy(TunerSpec("rl-gate", "rl", 12.0, specs))
+    policy.runner = runner = MovesOneSlotToB()
+    alloc = {"a": 4, "b": 4, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 500.0, "c": 2000.0}, alloc, 500.0)
+    new = policy.decide(replace(obs, since_change_s=30.0), dict(alloc), specs, 12.0)
+    assert new == {"a": 3, "b": 5, "c": 4} and runner.calls == 1
+    # long after the move, but b (moved) has finished nothing since: hold without asking the net
+    only_a = replace(obs, since_change_s=10.0, ops=[replace(o, measured=o.name == "a") for o in obs.ops])
+    assert policy.decide(only_a, dict(new), specs, 12.0) is None and runner.calls == 1
+    assert "measuring the last move" in policy.describe()
+    # both measured, but too soon after the move to trust: hold
+    both = [replace(o, measured=o.name in ("a", "b")) for o in obs.ops]
+    assert policy.decide(replace(obs, since_change_s=0.5, ops=both), dict(new), specs, 12.0) is None
+    assert runner.calls == 1
+    # every moved operator measured under its new slots: the net is asked again
+    policy.decide(replace(obs, since_change_s=5.0, ops=both), dict(new), specs, 12.0)
+    assert runner.calls == 2

@@ -125,6 +125,42 @@ def action_mask(
     return mask
 
 
+def predicted_bottleneck(alloc: Mapping[str, int], capacities: Mapping[str, float | None],
+                         after: Mapping[str, int]) -> float:
+    """The slowest operator's capacity at ``after``, scaling each measured capacity linearly
+    with its slots (operators without a measurement do not bound it)."""
+    caps = [c * after[n] / alloc[n] for n, c in capacities.items()
+            if c is not None and n in alloc and alloc[n] > 0]
+    return min(caps, default=math.inf)
+
+
+def vetoed_actions(
+    mask: np.ndarray,
+    alloc: Mapping[str, int],
+    specs: Sequence[OpSpec],
+    budget: float,
+    capacities: Mapping[str, float | None],
+    min_gain: float = 0.02,
+) -> np.ndarray:
+    """A shield for a learned policy, from the measured per-slot rates (linear in slots):
+    the allowed actions that would lower the slowest operator's capacity, and the moves of
+    a slot (``+1`` for one operator) that would not raise it by at least ``min_gain``.
+    Without it a policy trained on clean counters reads measurement noise at a balanced
+    allocation as a reason to move, and wanders off it."""
+    bad = np.zeros_like(mask)
+    now = predicted_bottleneck(alloc, capacities, alloc)
+    if not math.isfinite(now):
+        return bad
+    for a in np.flatnonzero(mask):
+        if a == 0:
+            continue
+        after = predicted_bottleneck(alloc, capacities, apply_action(int(a), alloc, specs, budget, capacities))
+        need = now * (1.0 + min_gain) if a <= K_MAX else now * (1.0 - EPS)
+        if after < need:
+            bad[a] = True
+    return bad
+
+
 def describe_action(a: int, names: Sequence[str]) -> str:
     if a == 0:
         return "hold"

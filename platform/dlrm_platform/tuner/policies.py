@@ -234,6 +234,11 @@ def enumerate_allocations(specs: Sequence[OpSpec], budget: float, limit: int = 2
 
 
 class OraclePolicy(Policy):
+    """Exhaustive search, measured live: the candidates one after another, then the best
+    ``oracle_finalists`` again for ``oracle_final_measure_s`` each. Picking the maximum of
+    short noisy windows keeps the luckiest window (the winner's curse); re-measuring the
+    finalists for longer picks by a measurement that was not used to select them."""
+
     name = "oracle"
 
     def __init__(self, spec: TunerSpec):
@@ -243,15 +248,29 @@ class OraclePolicy(Policy):
         # coarse (a block of thousands of rows lands in one tick or the next).
         self.settle_s = float(self.opts.get("oracle_settle_s", 2.0))
         self.measure_s = float(self.opts.get("oracle_measure_s", 4.0))
+        # how long the initial allocation is measured before a model shortlist is drawn from it
+        self.warmup_s = float(self.opts.get("oracle_warmup_s", 0.0))
+        self.n_finalists = int(self.opts.get("oracle_finalists", 0))
+        self.final_measure_s = float(self.opts.get("oracle_final_measure_s", 2 * self.measure_s))
         self._rows = self._secs = 0.0
         self.max_measured = int(self.opts.get("oracle_max_measured", 12))
         given = self.opts.get("oracle_candidates")
         self.candidates: list[Allocation] | None = [dict(c) for c in given] if given else None
         self.source = "benchmark shortlist" if given else None
         self.results: list[tuple[float, Allocation]] = []
+        self.finals: list[tuple[float, Allocation]] = []
+        self.finalists: list[Allocation] = []
         self.idx = -1
         self.best: Allocation | None = None
         self.mem = _RateMemory()
+        self._proposed_t: float | None = None  # when the allocation being measured was proposed
+
+    def _propose(self, obs, alloc: Allocation) -> Allocation:
+        # own clock: a candidate equal to the allocation in force changes nothing, so the
+        # controller's time-since-change would not restart for it
+        self._proposed_t = obs.t
+        self._rows = self._secs = 0.0
+        return alloc
 
     def _plan(self, obs, alloc, specs, budget) -> bool:
         every = enumerate_allocations(specs, budget, limit=50_000)
@@ -259,7 +278,9 @@ class OraclePolicy(Policy):
             self.candidates, self.source = every, f"all {len(every)} allocations"
             return True
         # too many to measure: wait for a model, then measure its best
-        if not self.mem.complete([s.name for s in specs]) and obs.since_change_s < 12:
+        if obs.since_change_s < self.warmup_s:
+            return False
+        if not self.mem.complete([s.name for s in specs]) and obs.since_change_s < max(12.0, self.warmup_s):
             return False
         per_slot = per_slot_samples(obs, self.mem.rates)
         per_slot.update(self.mem.rates)
@@ -277,6 +298,17 @@ class OraclePolicy(Policy):
         self.source = f"best {len(self.candidates)} of {total} by measured model"
         return True
 
+    def _measured(self, obs, window_s: float) -> float | None:
+        """The mean delivered rate once the proposed allocation has settled and been measured."""
+        since = obs.t - self._proposed_t if self._proposed_t is not None else obs.since_change_s
+        if since <= self.settle_s:
+            return None
+        self._rows += obs.throughput * obs.window_s
+        self._secs += obs.window_s
+        if since < self.settle_s + window_s:
+            return None
+        return self._rows / max(self._secs, 1e-9)
+
     def decide(self, obs, alloc, specs, budget):
         self.mem.update(obs, 1.0)
         if self.best is not None:
@@ -285,27 +317,42 @@ class OraclePolicy(Policy):
             if not self._plan(obs, alloc, specs, budget):
                 return None
             self.idx = 0
-            return self.candidates[0]
-        if self.idx < 0:
+            return self._propose(obs, self.candidates[0])
+        if self.idx < 0:  # a shortlist given up front: start on its first
             self.idx = 0
-            return self.candidates[0]
-        if obs.since_change_s <= self.settle_s:
+            return self._propose(obs, self.candidates[0])
+        if self.idx < len(self.candidates):  # first pass: every candidate
+            rate = self._measured(obs, self.measure_s)
+            if rate is None:
+                return None
+            self.results.append((rate, dict(alloc)))
+            self.idx += 1
+            if self.idx < len(self.candidates):
+                return self._propose(obs, self.candidates[self.idx])
+            ranked = [a for _, a in sorted(self.results, key=lambda r: -r[0])]
+            self.finalists = ranked[: self.n_finalists] if len(ranked) > 1 else []
+            if not self.finalists:
+                self.best = ranked[0]
+                return self.best
+            return self._propose(obs, self.finalists[0])
+        rate = self._measured(obs, self.final_measure_s)  # second pass: the finalists, longer
+        if rate is None:
             return None
-        self._rows += obs.throughput * obs.window_s
-        self._secs += obs.window_s
-        if obs.since_change_s < self.settle_s + self.measure_s:
-            return None
-        self.results.append((self._rows / max(self._secs, 1e-9), dict(alloc)))
-        self._rows = self._secs = 0.0
-        self.idx += 1
-        if self.idx < len(self.candidates):
-            return self.candidates[self.idx]
-        _, self.best = max(self.results, key=lambda r: r[0])
+        self.finals.append((rate, dict(alloc)))
+        k = len(self.finals)
+        if k < len(self.finalists):
+            return self._propose(obs, self.finalists[k])
+        _, self.best = max(self.finals, key=lambda r: r[0])
         return self.best
 
     def describe(self) -> str:
         n = len(self.candidates) if self.candidates else 0
-        state = "done" if self.best is not None else f"measuring {max(self.idx, 0) + 1}/{n}"
+        if self.best is not None:
+            state = "done"
+        elif self.idx >= n and self.finalists:
+            state = f"re-measuring finalist {len(self.finals) + 1}/{len(self.finalists)}"
+        else:
+            state = f"measuring {max(self.idx, 0) + 1}/{n}"
         return f"oracle: {state} ({self.source})"
 
 
@@ -320,12 +367,29 @@ class RLPolicy(Policy):
         self.runner = RLPolicyRunner.load(spec.policy_path)
         self.fs = FeatureState(spec.names)
         self.last_action = "hold"
+        # operators moved by the last action whose new allocation has not been measured yet
+        self.awaiting: set[str] = set()
+        self.min_evidence_s = float(self.opts.get("settle_s", 1.0)) + float(self.opts.get("rl_min_hold_s", 1.0))
 
     def on_epoch_start(self, epoch: int) -> None:
         self.fs.prev = None
+        self.awaiting.clear()
 
     def decide(self, obs, alloc, specs, budget):
+        # Act on evidence, not on a window that still shows the previous allocation: with
+        # large blocks a task outlasts several intervals, and a policy trained on quick
+        # counters then reads noise as signal and wanders. Hold until every operator the
+        # last move touched has finished work under its new allocation.
+        if self.awaiting:
+            fresh = {o.name for o in obs.ops if o.measured or o.completed}
+            if obs.since_change_s < self.min_evidence_s or not self.awaiting <= fresh:
+                self.fs.tick()
+                self.last_action = "hold (measuring the last move)"
+                return None
+            self.awaiting.clear()
         new, self.last_action = self.runner.act(obs, alloc, specs, budget, self.fs)
+        if new is not None:
+            self.awaiting = {n for n in new if new[n] != alloc.get(n)}
         return new
 
     def describe(self) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm_platform.tuner.actions import apply_action, describe_action
+from dlrm_platform.tuner.actions import apply_action, describe_action, vetoed_actions
 from dlrm_platform.tuner.features import FeatureState, featurize
 from dlrm_platform.tuner.observe import Observation
 from dlrm_platform.tuner.spec import Allocation, OpSpec
@@ -45,6 +45,9 @@ _RUNNERS: dict[str, RLPolicyRunner] = {}
 
 
 class RLPolicyRunner:
+    #: a move of a slot must be predicted to speed up the bottleneck by this much
+    shield_min_gain = 0.02
+
     def __init__(self, net, meta: dict | None = None):
         self.net = net
         self.meta = meta or {}
@@ -101,8 +104,10 @@ class RLPolicyRunner:
             fs.tick()
             return None, "hold (warming up)"
         vec, mask = featurize(obs, alloc, specs, budget, fs)
-        a = self.choose(vec, mask)
-        caps = {o.name: o.capacity for o in obs.ops}
+        # a finished operator bounds nothing (and is the first donor)
+        caps = {o.name: (None if o.completed else o.capacity) for o in obs.ops}
+        # the net sees the plain mask (as in training); the shield only vetoes its choice
+        a = self.choose(vec, mask & ~vetoed_actions(mask, alloc, specs, budget, caps, self.shield_min_gain))
         new = apply_action(a, alloc, specs, budget, caps)
         fs.tick()
         fs.note_action(alloc, new)

@@ -492,7 +492,7 @@ def run_controller_in_sim(
     seed: int = 0,
 ) -> list[dict]:
     """Drive a real ``Controller`` (any policy) against the simulator, one step per
-    ``spec.interval_s``; returns per-step {t, throughput, t_opt, allocation}."""
+    ``spec.interval_s``; returns per-step {t, throughput, t_opt, allocation, policy_state}."""
     from dlrm_platform.tuner.controller import Controller
 
     rng = np.random.default_rng(seed)
@@ -516,6 +516,6 @@ def run_controller_in_sim(
         if new is not None:
             sim.set_allocation(new)
         out.append({"t": sim.t, "throughput": pipe.throughput(sim.active), "t_opt": t_opt,
-                    "allocation": dict(ctl.allocation)})
+                    "allocation": dict(ctl.allocation), "policy_state": ctl.policy.describe()})
     ctl.pop_records()
     return out
