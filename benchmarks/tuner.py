@@ -23,6 +23,12 @@ measured again for 20 s each and the best of that second measurement is kept (th
 maximum of the first pass alone is the luckiest window). Its run is longer by the
 search; its steady state is the same last 40 s as every other policy's.
 
+Two bounds put the ratios in context. The *overhead ceiling* runs the same pipeline
+with operators that cost nothing (``--no-ceiling`` skips it): what Ray Data moves
+through six operators on this machine at all. The *effective optimum* is the best
+allocation under the YAML's costs with the per-task overheads put back: each
+operator's output rows per occupied slot-second, the best any run measured for it.
+
 ``--json PATH`` writes {"throughput": {policy: sps}, "rl_vs_oracle", "rl_vs_ray_default",
 "rl_vs_plumber", "rl_vs_hill_climb", "rl_seconds_to_95pct", "stalls", ...}.
 """
@@ -115,8 +121,9 @@ def oracle_shortlist(pipe: PipelineDef, k: int) -> list[dict]:
 
 
 def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | None, plot_dir: Path | None,
-            oracle_k: int, tag: str, steady_s: float | None = None) -> dict:
-    """One policy, one run. Steady state = the last ``steady_s`` seconds (default: the last 40%)."""
+            oracle_k: int, tag: str, steady_s: float | None = None, cost_scale: float | None = None) -> dict:
+    """One policy, one run. Steady state = the last ``steady_s`` seconds (default: the last 40%).
+    ``cost_scale`` multiplies every operator's cost (0: the operators cost nothing)."""
     import ray
     from ray.data import DataContext
 
@@ -136,9 +143,10 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
         options["oracle_finalists"], options["oracle_final_measure_s"] = ORACLE_FINALISTS, ORACLE_FINAL_MEASURE_S
     strategies = tuner_api.compute_strategies(cfg, None, budget, operators=specs)
     _, opt_rate = expected_optimum(pipe)
-    blocks = int(math.ceil(run_s * opt_rate * 1.5 / pipe.rows_per_block)) + 20
+    headroom = 1.5 if cost_scale is None or cost_scale > 0 else 4.0  # free operators run faster than the model
+    blocks = int(math.ceil(run_s * opt_rate * headroom / pipe.rows_per_block)) + 20
     control = Path(tempfile.mkdtemp(prefix="tuner-bench-")) / "costs.json"
-    set_cost_multipliers(control, {})
+    set_cost_multipliers(control, {} if cost_scale is None else {o.name: cost_scale for o in pipe.operators})
     ds = build_dataset(pipe, blocks, strategies, control_file=control)
     ds.context.execution_options.resource_limits = ds.context.execution_options.resource_limits.copy(cpu=budget)
     handle = tuner_api.attach(cfg, None, ds.context, budget, operators=specs, options=options,
@@ -189,6 +197,7 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
         # what Ray actually ran: mean tasks per operator over the steady-state part (ray_default
         # sets its own concurrency; the others follow the tuner's caps)
         "observed_tasks_running": _mean_running(ticks, 0.6),
+        "rows_per_occupied_slot_s": _occupied_slot_rates(ticks, 0.6),
     }
     if shift_at is None:
         sps = steady(ts, rows, end - steady_s if steady_s else 0.6 * end, end)
@@ -220,6 +229,40 @@ def _mean_running(ticks: list[dict], after_frac: float) -> dict:
     tail = ticks[int(after_frac * len(ticks)):]
     names = list(tail[0]["per_op"]) if tail else []
     return {n: round(float(np.mean([t["per_op"][n]["running"] for t in tail])), 2) for n in names}
+
+
+def _occupied_slot_rates(ticks: list[dict], after_frac: float) -> dict:
+    """Each operator's own output rows per second of a slot *occupied* by one of its tasks, over
+    the steady-state part: its real per-slot speed, per-task overheads (dispatch, the object
+    store, the storage round trip) included, which the YAML's costs leave out."""
+    tail = ticks[int(after_frac * len(ticks)):]
+    if not tail:
+        return {}
+    out = {}
+    for n in tail[0]["per_op"]:
+        running = sum(t["per_op"][n]["running"] for t in tail)
+        rows = sum(t["per_op"][n]["out_rate"] for t in tail)
+        if running > 0:
+            out[n] = rows / running
+    return out
+
+
+def effective_optimum(pipe: PipelineDef, runs: dict[str, list[dict]]) -> dict | None:
+    """The best whole-slot allocation and its samples/s when every operator runs at the best
+    occupied-slot rate any policy's run measured for it: the YAML's cost model with this
+    machine's per-task overheads put back, and the most favourable reading of each."""
+    best: dict[str, float] = {}
+    for res in (r for rs in runs.values() for r in rs):
+        for n, v in (res.get("rows_per_occupied_slot_s") or {}).items():
+            best[n] = max(best.get(n, 0.0), v)
+    if set(best) != {o.name for o in pipe.operators}:
+        return None
+    truth = pipe.ground_truth()
+    for op in truth["ops"]:
+        op["rate_per_slot"] = best[op["name"]]
+    alloc, sps = from_profile(truth).optimum()
+    return {"allocation": alloc, "samples_per_s": sps, "rows_per_occupied_slot_s": best,
+            "note": "YAML costs with measured per-task overheads (best rate seen per operator)"}
 
 
 def warm_up(n: int) -> None:
@@ -270,6 +313,7 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
               f" ({len(pipe.cluster.nodes) if kind == 'multinode' else 1} node(s)), pipeline budget {data_cpus:g}")
         warm_up(int(data_cpus))
         results: dict[str, list[dict]] = {p: [] for p in policies}
+        ceiling: list[dict] = []
         shift_results: dict[str, list[dict]] = {p: [] for p in policies}
         for r in range(args.rounds):
             order = policies if r % 2 == 0 else list(reversed(policies))
@@ -283,6 +327,13 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
                 print(f"     {res['samples_per_s']:,.0f} samples/s, 95% after {res['seconds_to_95pct']} s,"
                       f" stalls {res['stalls']}, crash {res['crash']}, final {res['final_allocation']}", flush=True)
                 results[pol].append(res)
+            if r == 0 and args.ceiling:
+                print(f"  [{kind}] overhead ceiling: the same pipeline, operators that cost nothing,"
+                      f" {args.run_s:.0f} s ...", flush=True)
+                res = run_one(pipe, "static", args.run_s, shift_at=None, plot_dir=None, oracle_k=args.oracle_k,
+                              tag=f"{kind}-ceiling", steady_s=0.4 * args.run_s, cost_scale=0.0)
+                print(f"     {res['samples_per_s']:,.0f} samples/s", flush=True)
+                ceiling.append(res)
             if pipe.shift is not None and not args.no_shift:
                 for pol in order:
                     if pol == "oracle":
@@ -298,7 +349,7 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
-    return {"runs": results, "shift_runs": shift_results}
+    return {"runs": results, "shift_runs": shift_results, "ceiling_runs": ceiling}
 
 
 def summarise(pipe: PipelineDef, suite: dict, policies: list[str]) -> dict:
@@ -326,6 +377,13 @@ def summarise(pipe: PipelineDef, suite: dict, policies: list[str]) -> dict:
         },
     }
     out["stalls"] = int(sum(out["stalls_per_policy"].values()))
+    if suite.get("ceiling_runs"):
+        # Ray Data's own per-block work on this machine, with operators that cost nothing: no
+        # allocation of slots to costly operators can deliver more than this
+        ceil_sps = float(np.mean([r["samples_per_s"] for r in suite["ceiling_runs"]]))
+        out["overhead_ceiling_samples_per_s"] = ceil_sps
+        if thr.get("ray_default"):
+            out["ceiling_vs_ray_default"] = ceil_sps / thr["ray_default"]
     rl = thr.get("rl")
     for base in ("oracle", "ray_default", "plumber", "hill_climb", "static"):
         if rl is not None and thr.get(base):
@@ -334,6 +392,12 @@ def summarise(pipe: PipelineDef, suite: dict, policies: list[str]) -> dict:
     opt_alloc, opt = expected_optimum(pipe)
     out["model_optimum"] = {"allocation": opt_alloc, "samples_per_s": opt,
                             "note": "true cost model, no Ray overheads: an upper bound"}
+    eff = effective_optimum(pipe, runs)
+    if eff is not None:
+        out["effective_optimum"] = eff
+        for base in ("ray_default", "plumber"):
+            if thr.get(base):
+                out[f"effective_optimum_vs_{base}"] = eff["samples_per_s"] / thr[base]
     return out
 
 
@@ -355,6 +419,16 @@ def print_table(kind: str, s: dict, policies: list[str]) -> None:
             print(f"{k}: {s[k]:.3f}")
     print(f"model optimum (no overheads): {s['model_optimum']['samples_per_s']:,.0f} samples/s at"
           f" {s['model_optimum']['allocation']}")
+    if "effective_optimum" in s:
+        e = s["effective_optimum"]
+        print(f"effective optimum (YAML costs + measured per-task overheads): {e['samples_per_s']:,.0f} samples/s"
+              f" at {e['allocation']}"
+              + "".join(f"; {v:.2f}x {b}" for b in ("ray_default", "plumber")
+                        if (v := s.get(f"effective_optimum_vs_{b}")) is not None))
+    if "overhead_ceiling_samples_per_s" in s:
+        print(f"overhead ceiling (operators cost nothing): {s['overhead_ceiling_samples_per_s']:,.0f} samples/s"
+              + (f" = {s['ceiling_vs_ray_default']:.2f}x ray_default (what Ray Data itself can move here)"
+                 if "ceiling_vs_ray_default" in s else ""))
     if s["shift"]:
         print("shift scenario: recovery to 95% of the post-shift steady state")
         for p, v in s["shift"].items():
@@ -428,6 +502,8 @@ def main(argv=None) -> int:
                     " YAML's overhead-free true costs, then measure the best --oracle-k live")
     ap.add_argument("--plot-dir", type=Path, default=ROOT / "runs" / "bench" / "tuner")
     ap.add_argument("--sim-only", action="store_true", help="only the simulated comparison (seconds, no Ray)")
+    ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                    help="skip the overhead-ceiling run (the pipeline with operators that cost nothing)")
     args = ap.parse_args(argv)
     args.plot_dir.mkdir(parents=True, exist_ok=True)
     global ORACLE_SHORTLIST
