@@ -237,7 +237,12 @@ class OraclePolicy(Policy):
     """Exhaustive search, measured live: the candidates one after another, then the best
     ``oracle_finalists`` again for ``oracle_final_measure_s`` each. Picking the maximum of
     short noisy windows keeps the luckiest window (the winner's curse); re-measuring the
-    finalists for longer picks by a measurement that was not used to select them."""
+    finalists for longer picks by a measurement that was not used to select them.
+
+    When there are too many allocations to measure, the shortlist is the best
+    ``oracle_max_measured`` under a model measured over ``oracle_warmup_s`` at the initial
+    allocation: each operator's samples/s per *occupied* slot, so that per-task overheads
+    count (a busy-time model calls cheap operators cheaper than they are and starves them)."""
 
     name = "oracle"
 
@@ -264,6 +269,10 @@ class OraclePolicy(Policy):
         self.best: Allocation | None = None
         self.mem = _RateMemory()
         self._proposed_t: float | None = None  # when the allocation being measured was proposed
+        # samples/s per *occupied* slot over the warm-up: per-task overheads (dispatch, object
+        # store, I/O round trips) included, which busy-time rates leave out
+        self._occ_samples: dict[str, float] = {}
+        self._occ_running: dict[str, float] = {}
 
     def _propose(self, obs, alloc: Allocation) -> Allocation:
         # own clock: a candidate equal to the allocation in force changes nothing, so the
@@ -278,12 +287,22 @@ class OraclePolicy(Policy):
             self.candidates, self.source = every, f"all {len(every)} allocations"
             return True
         # too many to measure: wait for a model, then measure its best
+        if obs.since_change_s > self.settle_s:
+            factors = obs.extra.get("sink_factors") or [1.0] * len(obs.ops)
+            for o, f in zip(obs.ops, factors):
+                self._occ_samples[o.name] = self._occ_samples.get(o.name, 0.0) + o.out_rate * f
+                self._occ_running[o.name] = self._occ_running.get(o.name, 0.0) + o.running
         if obs.since_change_s < self.warmup_s:
             return False
         if not self.mem.complete([s.name for s in specs]) and obs.since_change_s < max(12.0, self.warmup_s):
             return False
         per_slot = per_slot_samples(obs, self.mem.rates)
         per_slot.update(self.mem.rates)
+        occupied = {n: self._occ_samples[n] / r for n, r in self._occ_running.items() if r > 0}
+        if self.warmup_s > 0 and all(occupied.get(s.name, 0.0) > 0 for s in specs):
+            per_slot, model = occupied, "occupied-slot"
+        else:
+            model = "busy-time"
         if every is None:  # neighbourhood of the LP optimum
             center = solve_lp(specs, per_slot, budget).allocation
             ranges = [range(max(s.min_slots, center[s.name] - 2), min(s.upper(budget), center[s.name] + 2) + 1)
@@ -293,9 +312,10 @@ class OraclePolicy(Policy):
             total = "the LP optimum's +-2 neighbourhood"
         else:
             total = f"{len(every)} allocations"
-        scored = sorted(every, key=lambda a: -min(a[s.name] * per_slot[s.name] for s in specs))
+        # the slowest operator's capacity first, then the next slowest (many allocations tie on the first)
+        scored = sorted(every, key=lambda a: sorted(a[s.name] * per_slot[s.name] for s in specs), reverse=True)
         self.candidates = scored[: self.max_measured]
-        self.source = f"best {len(self.candidates)} of {total} by measured model"
+        self.source = f"best {len(self.candidates)} of {total} by the measured {model} model"
         return True
 
     def _measured(self, obs, window_s: float) -> float | None:
