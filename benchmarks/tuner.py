@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT / "platform"))
 
 from dlrm_platform import tuner as tuner_api  # noqa: E402
 from dlrm_platform.config import TunerConfig  # noqa: E402
+from dlrm_platform.tuner.observe import OccupiedSlotRates  # noqa: E402
 from dlrm_platform.tuner.policies import enumerate_allocations  # noqa: E402
 from dlrm_platform.tuner.simulator import from_profile  # noqa: E402
 from dlrm_platform.tuner.synthetic import (  # noqa: E402
@@ -232,19 +233,13 @@ def _mean_running(ticks: list[dict], after_frac: float) -> dict:
 
 
 def _occupied_slot_rates(ticks: list[dict], after_frac: float) -> dict:
-    """Each operator's own output rows per second of a slot *occupied* by one of its tasks, over
-    the steady-state part: its real per-slot speed, per-task overheads (dispatch, the object
-    store, the storage round trip) included, which the YAML's costs leave out."""
-    tail = ticks[int(after_frac * len(ticks)):]
-    if not tail:
-        return {}
-    out = {}
-    for n in tail[0]["per_op"]:
-        running = sum(t["per_op"][n]["running"] for t in tail)
-        rows = sum(t["per_op"][n]["out_rate"] for t in tail)
-        if running > 0:
-            out[n] = rows / running
-    return out
+    """Each operator's own output rows per occupied slot-second over the steady-state part:
+    its real per-slot speed, which the YAML's costs (no per-task overheads) leave out."""
+    rates = OccupiedSlotRates()
+    for t in ticks[int(after_frac * len(ticks)):]:
+        for n, op in t["per_op"].items():
+            rates.add(n, op["out_rate"], op["running"])
+    return rates.rates()
 
 
 def effective_optimum(pipe: PipelineDef, runs: dict[str, list[dict]]) -> dict | None:

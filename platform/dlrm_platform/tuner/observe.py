@@ -204,6 +204,23 @@ def with_capacities(obs: Observation, rates: dict[str, float]) -> Observation:
     return replace(obs, ops=ops)
 
 
+class OccupiedSlotRates:
+    """Each operator's output per second of a slot *occupied* by one of its tasks, accumulated
+    over observations: its real per-slot speed with per-task overheads (dispatch, the object
+    store, I/O round trips) included, which worker-measured busy time leaves out."""
+
+    def __init__(self) -> None:
+        self._out: dict[str, float] = {}
+        self._running: dict[str, float] = {}
+
+    def add(self, name: str, out_rate: float, running: float) -> None:
+        self._out[name] = self._out.get(name, 0.0) + out_rate
+        self._running[name] = self._running.get(name, 0.0) + running
+
+    def rates(self) -> dict[str, float]:
+        return {n: self._out[n] / r for n, r in self._running.items() if r > 0}
+
+
 class WindowedObserver:
     """Keeps recent snapshots and measures over a sliding window that never
     reaches back past the last allocation change (plus a settle time), so a

@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 
 from dlrm_platform.tuner.actions import can_grow, used_cpus
-from dlrm_platform.tuner.observe import Observation
+from dlrm_platform.tuner.observe import Observation, OccupiedSlotRates
 from dlrm_platform.tuner.plumber import per_slot_samples, solve_lp
 from dlrm_platform.tuner.spec import Allocation, OpSpec, TunerSpec
 
@@ -268,11 +268,8 @@ class OraclePolicy(Policy):
         self.idx = -1
         self.best: Allocation | None = None
         self.mem = _RateMemory()
-        self._proposed_t: float | None = None  # when the allocation being measured was proposed
-        # samples/s per *occupied* slot over the warm-up: per-task overheads (dispatch, object
-        # store, I/O round trips) included, which busy-time rates leave out
-        self._occ_samples: dict[str, float] = {}
-        self._occ_running: dict[str, float] = {}
+        self._proposed_t = 0.0  # when the allocation being measured was proposed
+        self.occupied = OccupiedSlotRates()  # samples/s per occupied slot over the warm-up
 
     def _propose(self, obs, alloc: Allocation) -> Allocation:
         # own clock: a candidate equal to the allocation in force changes nothing, so the
@@ -290,19 +287,17 @@ class OraclePolicy(Policy):
         if obs.since_change_s > self.settle_s:
             factors = obs.extra.get("sink_factors") or [1.0] * len(obs.ops)
             for o, f in zip(obs.ops, factors):
-                self._occ_samples[o.name] = self._occ_samples.get(o.name, 0.0) + o.out_rate * f
-                self._occ_running[o.name] = self._occ_running.get(o.name, 0.0) + o.running
+                self.occupied.add(o.name, o.out_rate * f, o.running)
         if obs.since_change_s < self.warmup_s:
             return False
         if not self.mem.complete([s.name for s in specs]) and obs.since_change_s < max(12.0, self.warmup_s):
             return False
-        per_slot = per_slot_samples(obs, self.mem.rates)
-        per_slot.update(self.mem.rates)
-        occupied = {n: self._occ_samples[n] / r for n, r in self._occ_running.items() if r > 0}
+        occupied = self.occupied.rates()
         if self.warmup_s > 0 and all(occupied.get(s.name, 0.0) > 0 for s in specs):
             per_slot, model = occupied, "occupied-slot"
         else:
-            model = "busy-time"
+            per_slot, model = per_slot_samples(obs, self.mem.rates), "busy-time"
+            per_slot.update(self.mem.rates)
         if every is None:  # neighbourhood of the LP optimum
             center = solve_lp(specs, per_slot, budget).allocation
             ranges = [range(max(s.min_slots, center[s.name] - 2), min(s.upper(budget), center[s.name] + 2) + 1)
@@ -320,7 +315,7 @@ class OraclePolicy(Policy):
 
     def _measured(self, obs, window_s: float) -> float | None:
         """The mean delivered rate once the proposed allocation has settled and been measured."""
-        since = obs.t - self._proposed_t if self._proposed_t is not None else obs.since_change_s
+        since = obs.t - self._proposed_t  # every candidate is proposed through _propose
         if since <= self.settle_s:
             return None
         self._rows += obs.throughput * obs.window_s
