@@ -157,3 +157,14 @@ def test_oracle_given_shortlist_measures_each_candidate_even_the_current_one():
     first_switch = next(i for i, a in enumerate(allocs) if a != {"a": 3, "b": 3})
     assert first_switch >= 4
     assert allocs[-1] in ({"a": 2, "b": 4}, {"a": 1, "b": 5})
+
+
+def test_oracle_waits_while_the_budget_fits_no_allocation():
+    from dlrm_platform.tuner.observe import Observation
+    from dlrm_platform.tuner.policies import OraclePolicy
+
+    spec = _spec("oracle", _pipe(), initial=4, oracle_max_measured=8)
+    policy = OraclePolicy(spec)
+    obs = Observation(1.0, 1.0, [], 0.0, 0.0, 1e9, 0.0, 0.0)
+    assert policy.decide(obs, {"a": 4, "b": 4, "c": 4}, spec.ops, 0.0) is None  # 3 minimums > 0 CPUs
+    assert policy.candidates is None

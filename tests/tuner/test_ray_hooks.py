@@ -77,3 +77,19 @@ def test_install_and_uninstall_on_a_data_context():
     ray_hooks.install(ctx2, TunerSpec("t2", "ray_default", 4.0, [OpSpec("a", 1.0)]))
     assert ctx2.op_resource_reservation_enabled is True
     assert ctx2.get_config(key, None) is None
+
+
+def test_cpu_limit_reads_an_unset_limit_as_unknown():
+    class Limits:
+        def __init__(self, cpu):
+            self.cpu = cpu
+
+    class Executor:
+        def __init__(self, cpu):
+            self._resource_manager = type("RM", (), {"get_global_limits": lambda _self: Limits(cpu)})()
+
+    binding = ray_hooks._Binding.__new__(ray_hooks._Binding)
+    binding.executor = Executor(0.0)  # before the executor's first update
+    assert binding.cpu_limit() == float("inf")
+    binding.executor = Executor(24.0)
+    assert binding.cpu_limit() == 24.0

@@ -280,6 +280,8 @@ class OraclePolicy(Policy):
 
     def _plan(self, obs, alloc, specs, budget) -> bool:
         every = enumerate_allocations(specs, budget, limit=50_000)
+        if every == []:  # the minimums do not fit the budget in force: nothing to search yet
+            return False
         if every is not None and len(every) <= self.max_measured:
             self.candidates, self.source = every, f"all {len(every)} allocations"
             return True

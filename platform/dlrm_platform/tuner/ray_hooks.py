@@ -303,10 +303,14 @@ class _Binding:
         )
 
     def cpu_limit(self) -> float:
+        """Ray Data's CPU limit for this execution; inf while it is not known. Its first
+        limits, before the executor's first update, read 0 CPUs: taken at face value they
+        would squeeze every operator to its minimum (and leave an oracle no allocation)."""
         try:
-            return float(self.executor._resource_manager.get_global_limits().cpu)
+            cpu = float(self.executor._resource_manager.get_global_limits().cpu)
         except Exception:  # noqa: BLE001
             return math.inf
+        return cpu if cpu > 0 else math.inf
 
     def apply(self, alloc: dict[str, int]) -> dict[str, Any]:
         """Make the running pipeline follow ``alloc``; returns what was done per operator."""
