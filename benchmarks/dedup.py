@@ -263,8 +263,8 @@ class Trainer:
 
 
 def unpack_all(job, plain_packed: list[pa.Table], dedup_packed: list[pa.Table]) -> tuple[list, list]:
-    from dlrm_platform.ingest.batching import unpack_batch
-    from dlrm_platform.ingest.dedup_batching import unpack_dedup_batch
+    from dlrm_platform.train.batches import unpack_batch
+    from dlrm_platform.train.batches import unpack_dedup_batch
 
     cols = job.data.columns
     plain = [unpack_batch(p, cols.sparse_features, len(cols.dense_columns)) for p in plain_packed]
@@ -383,9 +383,9 @@ def measure_end_to_end(data: Data, rounds: int) -> dict[str, float]:
     import ray
     from ray.data import DataContext, ExecutionResources
 
-    from dlrm_platform.ingest.batching import unpack_batch
+    from dlrm_platform.train.batches import unpack_batch
     from dlrm_platform.ingest.dedup import build_dedup_dataset
-    from dlrm_platform.ingest.dedup_batching import unpack_dedup_batch
+    from dlrm_platform.train.batches import unpack_dedup_batch
     from dlrm_platform.ingest.pipeline import build_dataset
     from dlrm_platform.ingest.transforms import TransformSpec
 

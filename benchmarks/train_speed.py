@@ -467,7 +467,7 @@ def measure(variants: list[Variant], num_batches: int, rounds: int, steps: int, 
 def session_batches(workdir: Path, samples: int, batch_size: int) -> tuple[list[pa.Table], list[Any]]:
     """Dedup-packed IKJT batches (full ones) of a synthetic session dataset, and their plain expansions."""
     from dlrm_platform.ingest import dedup
-    from dlrm_platform.ingest.dedup_batching import unpack_dedup_batch
+    from dlrm_platform.train.batches import unpack_dedup_batch
     from dlrm_platform.ingest.synthetic import generate_dataset
     from dlrm_platform.ingest.transforms import TransformSpec
 
@@ -655,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from dlrm_platform.ingest.batching import unpack_batch
+    from dlrm_platform.train.batches import unpack_batch
     from dlrm_platform.train.perf import cpu_flags
 
     for category in (FutureWarning, UserWarning, DeprecationWarning):

@@ -10,16 +10,10 @@ import torch
 
 from dlrm_platform.config import DatasetSchema, IngestConfig
 from dlrm_platform.ingest import dedup, transforms
-from dlrm_platform.ingest.batching import PACKED_SCHEMA, unpack_batch
-from dlrm_platform.ingest.dedup_batching import (
-    DEDUP_PACKED_SCHEMA,
-    DedupBatch,
-    dummy_dedup_batch,
-    is_dedup_packed,
-    packed_batch_stats,
-    unpack_dedup_batch,
-)
+from dlrm_platform.ingest.batching import PACKED_SCHEMA
+from dlrm_platform.ingest.dedup_batching import DEDUP_PACKED_SCHEMA, is_dedup_packed, packed_batch_stats
 from dlrm_platform.ingest.transforms import TransformSpec
+from dlrm_platform.train.batches import DedupBatch, dummy_dedup_batch, unpack_batch, unpack_dedup_batch
 
 COLUMNS = DatasetSchema.model_validate({
     "label": "label",

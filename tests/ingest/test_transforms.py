@@ -6,7 +6,7 @@ import pytest
 
 from dlrm_platform.config import DatasetSchema, IngestConfig
 from dlrm_platform.ingest import transforms
-from dlrm_platform.ingest.batching import unpack_batch
+from dlrm_platform.train.batches import unpack_batch
 from dlrm_platform.ingest.transforms import TransformSpec, count_quarantined, hash_ids
 
 COLUMNS = DatasetSchema.model_validate(

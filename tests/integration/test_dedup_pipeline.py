@@ -13,7 +13,8 @@ import pytest
 
 from dlrm_platform.config import JobConfig
 from dlrm_platform.ingest import dedup
-from dlrm_platform.ingest.dedup_batching import is_dedup_packed, unpack_dedup_batch
+from dlrm_platform.ingest.dedup_batching import is_dedup_packed
+from dlrm_platform.train.batches import unpack_dedup_batch
 from dlrm_platform.ingest.pipeline import build_job_datasets
 from dlrm_platform.ingest.transforms import count_quarantined
 

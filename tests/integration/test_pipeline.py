@@ -9,7 +9,7 @@ import pytest
 
 from dlrm_platform.config import DatasetSchema, JobConfig
 from dlrm_platform.errors import UserError
-from dlrm_platform.ingest.batching import unpack_batch
+from dlrm_platform.train.batches import unpack_batch
 from dlrm_platform.ingest.pipeline import build_job_datasets, cpu_budget
 from dlrm_platform.ingest.transforms import count_quarantined
 

@@ -10,7 +10,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm_platform.config import JobConfig
 from dlrm_platform.ingest.batching import pack_table
-from dlrm_platform.ingest.dedup_batching import DedupBatch, pack_dedup_arrays
+from dlrm_platform.ingest.dedup_batching import pack_dedup_arrays
+from dlrm_platform.train.batches import DedupBatch
 from dlrm_platform.train import dedup_model
 from dlrm_platform.train.dedup_model import (
     DedupDLRMTrain,

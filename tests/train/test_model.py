@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dlrm_platform.config import TrainConfig
-from dlrm_platform.ingest.batching import unpack_batch
+from dlrm_platform.train.batches import unpack_batch
 from dlrm_platform.train.loop import StepBatch, Worker, lockstep_batches
 from dlrm_platform.train.model import (
     CPU_SHARDING_1_WORKER,

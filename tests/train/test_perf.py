@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dlrm_platform.config import JobConfig
-from dlrm_platform.ingest.batching import unpack_batch
+from dlrm_platform.train.batches import unpack_batch
 from dlrm_platform.train.loop import StepBatch, Worker
 from dlrm_platform.train.model import build_dense_optimizer, build_sharded_model
 from dlrm_platform.train.perf import (

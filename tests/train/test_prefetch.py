@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from dlrm_platform.ingest.batching import unpack_batch
+from dlrm_platform.train.batches import unpack_batch
 from dlrm_platform.train.loop import BatchPrefetcher, lockstep_batches
 
 SPARSE = ["uc", "hist", "ic"]

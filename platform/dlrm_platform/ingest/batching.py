@@ -1,5 +1,9 @@
 """Packed training batches: the contract between the Ray Data pipeline and the trainers.
 
+This module is the *packing* side and imports no torch: it runs in every Ray Data
+worker, where importing torch and torchrec would cost seconds per process
+(the unpacking side is :mod:`dlrm_platform.train.batches`).
+
 The pipeline's last operator (``batch``) turns preprocessed rows into *packed
 batches*: one Arrow row per training batch, so that ``streaming_split`` hands
 whole batches to trainers and the trainer's only host-side work is one copy of
@@ -14,7 +18,7 @@ A packed row holds, for a batch of ``B`` samples, ``D`` dense features and
     lengths     : list<int32>     [F * B]     KJT lengths, feature-major
     values      : list<int64>     [sum(lengths)]  hashed ids, feature-major
 
-which :func:`unpack_batch` turns into a TorchRec ``Batch``::
+which :func:`dlrm_platform.train.batches.unpack_batch` turns into a TorchRec ``Batch``::
 
     dense_features  : float32 [B, D]
     sparse_features : KeyedJaggedTensor, keys F, stride B
@@ -27,9 +31,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
-import torch
-from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 PACKED_SCHEMA = pa.schema(
     [
@@ -102,14 +103,3 @@ def _row_values(table: pa.Table, column: str, row: int) -> np.ndarray:
             return chunk.values.slice(start, end - start).to_numpy(zero_copy_only=False)
         row -= len(chunk)
     raise IndexError(row)
-
-
-def unpack_batch(table: pa.Table, sparse_features: Sequence[str], num_dense: int, row: int = 0) -> Batch:
-    """Turn packed row ``row`` of ``table`` into a TorchRec ``Batch`` (see module docstring)."""
-    b = int(table.column("num_samples")[row].as_py())
-    labels = torch.from_numpy(_row_values(table, "labels", row).copy())
-    dense = torch.from_numpy(_row_values(table, "dense", row).copy()).view(b, num_dense)
-    lengths = torch.from_numpy(_row_values(table, "lengths", row).copy())
-    values = torch.from_numpy(_row_values(table, "values", row).copy())
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=list(sparse_features), values=values, lengths=lengths)
-    return Batch(dense_features=dense, sparse_features=kjt, labels=labels)

@@ -46,7 +46,7 @@ and the speed-up it bounds.
 Embeddings: one ``EmbeddingBagCollection`` with the plain model's tables
 (``t_<feature>``), fed one KJT of stride ``B`` whose user features hold the
 ``U`` user rows followed by ``B - U`` empty bags
-(:attr:`~dlrm_platform.ingest.dedup_batching.DedupBatch.sparse_features`):
+(:attr:`~dlrm_platform.train.batches.DedupBatch.sparse_features`):
 empty bags cost no lookup, and one sharded module keeps
 DistributedModelParallel's per-step overhead that of the plain model
 (two collections, user and item, were measured slower: two input and output
@@ -72,9 +72,9 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm_platform.config import DatasetSchema, JobConfig
-from dlrm_platform.ingest.batching import unpack_batch
-from dlrm_platform.ingest.dedup_batching import DedupBatch, dummy_dedup_batch, is_dedup_packed, unpack_dedup_batch
+from dlrm_platform.ingest.dedup_batching import is_dedup_packed
 from dlrm_platform.train import model as plain_model
+from dlrm_platform.train.batches import DedupBatch, dummy_dedup_batch, unpack_batch, unpack_dedup_batch
 from dlrm_platform.train.perf import mlp_macs
 
 __all__ = [
