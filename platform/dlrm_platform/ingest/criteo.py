@@ -88,7 +88,9 @@ QUARANTINE_FILE = "quarantine.jsonl"
 REPORT_FILE = "conversion_report.json"
 TRAIN_SPLIT, EVAL_SPLIT = "train", "eval"
 
-QuarantineReason = Literal["too_many_fields", "missing_label", "invalid_label", "invalid_dense", "invalid_categorical"]
+QuarantineReason = Literal[
+    "too_many_fields", "missing_label", "invalid_label", "invalid_dense", "invalid_categorical", "line_too_long"
+]
 
 _INT_RE = re.compile(r"-?[0-9]+")
 _HEX_RE = re.compile(r"[0-9a-fA-F]{1,8}")
@@ -97,6 +99,19 @@ _HEX_RE = re.compile(r"[0-9a-fA-F]{1,8}")
 _FAST_INT_RE = r"^-?[0-9]{1,18}$"
 _FAST_HEX_RE = r"^[0-9a-fA-F]{1,8}$"
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# A valid line is at most ~560 characters (unless it pads integers with zeros); longer lines take the
+# per-line path, so that Arrow's CSV reader never meets a row larger than its block ("straddling object").
+_FAST_MAX_LINE = 4096
+# Lines are read at most this many characters at a time: a longer one (a file without line breaks, a
+# corrupt field) is quarantined as line_too_long with its first characters, never held whole in memory.
+MAX_LINE_CHARS = 1 << 20
+_RAW_KEPT_CHARS = 1000
+
+
+class OverlongLine(str):
+    """The first characters of a line longer than :data:`MAX_LINE_CHARS`; ``total_chars`` is its full length."""
+
+    total_chars: int
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,22 @@ def _strip_line_ending(line: str) -> str:
     return line[:-1] if line.endswith("\r") else line
 
 
+def _parse_int64(text: str) -> int | None:
+    """A decimal 64-bit integer (leading zeros allowed, any length), else None.
+
+    Never calls ``int()`` on more than 20 digits: Python refuses strings over
+    4300 digits with a ValueError, which a huge field must not turn into a crash.
+    """
+    if not _INT_RE.fullmatch(text):
+        return None
+    sign, digits = ("-", text[1:]) if text.startswith("-") else ("", text)
+    digits = digits.lstrip("0") or "0"
+    if len(digits) > 19:
+        return None
+    value = int(sign + digits)
+    return value if _INT64_MIN <= value <= _INT64_MAX else None
+
+
 def parse_criteo_line(line: str, line_number: int) -> ParsedRow | Quarantined:
     """Parse one line (line ending optional). The reference definition of a valid Criteo line."""
     raw = _strip_line_ending(line)
@@ -147,8 +178,8 @@ def parse_criteo_line(line: str, line_number: int) -> ParsedRow | Quarantined:
         if text == "":
             dense.append(None)
             continue
-        value = int(text) if _INT_RE.fullmatch(text) else None
-        if value is None or not _INT64_MIN <= value <= _INT64_MAX:
+        value = _parse_int64(text)
+        if value is None:
             return bad("invalid_dense", f"{DENSE_COLUMNS[i]} (field {i + 2}) is {text!r}, expected a 64-bit integer")
         dense.append(value)
     categorical: list[int | None] = []
@@ -242,11 +273,12 @@ def parse_criteo_batch(lines: list[str], first_line_number: int) -> tuple[pa.Tab
     numbers (int64 [rows]) and the quarantined lines. Same result as
     :func:`parse_criteo_line` on each line, only faster.
     """
-    stripped = [_strip_line_ending(line) for line in lines]
+    stripped = ["" if isinstance(line, OverlongLine) else _strip_line_ending(line) for line in lines]
     numbers = np.arange(first_line_number, first_line_number + len(lines), dtype=np.int64)
     # Arrow's CSV reader also ends a row at "\r": such lines take the per-line path.
     tabs = [s.count("\t") for s in stripped]
-    fits = np.array([n < NUM_FIELDS and "\r" not in s for s, n in zip(stripped, tabs, strict=True)], dtype=bool)
+    fits = np.array([n < NUM_FIELDS and 0 < len(s) <= _FAST_MAX_LINE and "\r" not in s
+                     for s, n in zip(stripped, tabs, strict=True)], dtype=bool)
     fits_idx = np.flatnonzero(fits)
     fields = _read_fields([stripped[i] for i in fits_idx], [tabs[i] for i in fits_idx]) if len(fits_idx) else None
     if fields is not None and fields.num_rows != len(fits_idx):  # never seen; stay correct rather than misalign
@@ -260,6 +292,13 @@ def parse_criteo_batch(lines: list[str], first_line_number: int) -> tuple[pa.Tab
     rescued_idx: list[int] = []
     quarantined: list[Quarantined] = []
     for i in slow_idx:
+        if isinstance(lines[i], OverlongLine):
+            quarantined.append(Quarantined(
+                int(numbers[i]), "line_too_long",
+                f"{lines[i].total_chars} characters, at most {MAX_LINE_CHARS} allowed (the first {_RAW_KEPT_CHARS} kept)",
+                _strip_line_ending(lines[i][:_RAW_KEPT_CHARS]),
+            ))
+            continue
         result = parse_criteo_line(lines[i], int(numbers[i]))
         if isinstance(result, Quarantined):
             quarantined.append(result)
@@ -316,8 +355,28 @@ def _open_text(path: Path) -> IO[str]:
     return path.open("r", encoding="utf-8", errors="replace", newline="\n")
 
 
+def _read_line(f: IO[str]) -> str:
+    """The next line ("" at the end); one longer than MAX_LINE_CHARS is consumed whole but kept truncated."""
+    line = f.readline(MAX_LINE_CHARS)
+    if len(line) < MAX_LINE_CHARS or line.endswith("\n"):
+        return line
+    total, first = len(line), True
+    while chunk := f.readline(MAX_LINE_CHARS):
+        if first and chunk == "\n":  # exactly MAX_LINE_CHARS characters, then the line break
+            return line + chunk
+        first = False
+        total += len(chunk) - chunk.endswith("\n")
+        if chunk.endswith("\n"):
+            break
+    if first:  # exactly MAX_LINE_CHARS characters at the end of the file
+        return line
+    out = OverlongLine(line[:_RAW_KEPT_CHARS])
+    out.total_chars = total
+    return out
+
+
 def _batches(f: IO[str], batch_lines: int) -> Iterator[list[str]]:
-    while batch := list(itertools.islice(f, batch_lines)):
+    while batch := list(itertools.takewhile(bool, (_read_line(f) for _ in range(batch_lines)))):
         yield batch
 
 
@@ -367,7 +426,9 @@ def convert_criteo(
                 table, numbers, bad = parse_criteo_batch(batch, report.rows_read + 1)
                 report.rows_read += len(batch)
                 for q in bad:
-                    quarantine.write(json.dumps(q.to_dict(), ensure_ascii=False) + "\n")
+                    # ASCII JSON: a raw line holding U+2028, U+0085 ... must not split the record
+                    # for readers that split lines on them (str.splitlines).
+                    quarantine.write(json.dumps(q.to_dict()) + "\n")
                     reasons[q.reason] += 1
                 is_eval = hash_uniform(numbers, split_salt) < eval_fraction
                 evals.write(table.filter(pa.array(is_eval)))
