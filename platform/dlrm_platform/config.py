@@ -170,6 +170,11 @@ class DataConfig(StrictModel):
     synthetic: SyntheticDataConfig | None = Field(
         default=None, description="how `dlrm-platform gen-data` generates this dataset"
     )
+    on_bad_shard: Literal["fail", "skip"] = Field(
+        "fail",
+        description="a Parquet shard that cannot be read (corrupt, truncated, not Parquet): fail the job "
+        "before Ray starts, or skip it; either way the job reports the count and the files",
+    )
 
     def split_dir(self, split: str) -> Path:
         return self.path / split
