@@ -23,6 +23,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "DatasetSchema",
+    "EpochCacheConfig",
     "IngestConfig",
     "JobConfig",
     "OperatorConfig",
@@ -200,6 +201,24 @@ class OperatorsConfig(StrictModel):
     batch: OperatorConfig = Field(default_factory=OperatorConfig)
 
 
+class EpochCacheConfig(StrictModel):
+    """Each trainer keeps its first pass over a dataset (packed batches) and replays it in later epochs.
+
+    ``auto``: keep while the batches fit ``memory_mb`` plus ``disk_mb`` (spilled
+    to ``spill_dir``); past that, drop the cache and run the pipeline every
+    epoch. ``on``: the same, but outgrowing the bounds fails the job with a
+    message naming these fields. ``off``: run the pipeline every epoch. A
+    replayed epoch visits the same batches in a fresh order; when an input file
+    changes, or the cache of any worker is incomplete, every worker runs the
+    pipeline again (``train/feed.py``).
+    """
+
+    mode: Literal["auto", "on", "off"] = "auto"
+    memory_mb: float = Field(2048.0, ge=0, description="per trainer: packed batches kept in memory")
+    disk_mb: float = Field(20480.0, ge=0, description="per trainer: packed batches spilled to local disk")
+    spill_dir: Path | None = Field(default=None, description="where spills go; default <tracking.runs_dir>/epoch_cache")
+
+
 class IngestConfig(StrictModel):
     """The Ray Data preprocessing pipeline."""
 
@@ -216,6 +235,18 @@ class IngestConfig(StrictModel):
     )
     prefetch_batches: int = Field(2, ge=0, description="batches each trainer prefetches ahead")
     operators: OperatorsConfig = Field(default_factory=OperatorsConfig)
+    fusion: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="run read..batch as one task per block (ingest/fused.py); auto: on unless the tuner "
+        "policy steers operators one by one (every policy but static)",
+    )
+    fused: OperatorConfig | None = Field(
+        default=None, description="tasks and CPUs of the fused operator; None: from the data CPUs"
+    )
+    block_rows: int | None = Field(
+        default=None, ge=1, description="samples per block of the fused pipeline; None: ~8 batches, <= 8 MiB"
+    )
+    cache: EpochCacheConfig = Field(default_factory=EpochCacheConfig)
 
     def table_size(self, feature: str) -> int:
         return self.hash_sizes.get(feature, self.hash_size)
