@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dlrm_platform.config import JobConfig, RayClusterConfig, load_job_config
@@ -45,6 +45,7 @@ class JobSummary:
     mlflow_run_id: str
     mlflow_tracking_uri: str
     checkpoint_path: str | None
+    bad_shards: list[str] = field(default_factory=list)  # "path: reason" of shards skipped (data.on_bad_shard)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -57,6 +58,9 @@ class JobSummary:
             ("held-out logloss", f"{self.logloss:.4f}"),
             ("steps / samples", f"{self.steps:,} / {self.samples:,}"),
             ("rows quarantined", f"{self.rows_quarantined:,}"),
+            ("bad shards skipped", f"{len(self.bad_shards)}" + (
+                f" ({', '.join(b.split(': ', 1)[0] for b in self.bad_shards[:5])}"
+                + (" ..." if len(self.bad_shards) > 5 else "") + ")" if self.bad_shards else "")),
             ("wall time", f"{self.wall_time_s:.1f} s"),
             ("MLflow run", self.mlflow_run_id),
         ]
@@ -109,6 +113,9 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     started = time.time()
     files = validate_dataset(job.data)
     log.info("dataset %s: %d train files, %d eval files", job.data.path, len(files.train), len(files.eval))
+    if files.bad_shards:
+        log.warning("data.on_bad_shard: skip: training without %d unreadable shard(s): %s", len(files.bad_shards),
+                    ", ".join(str(b.path) for b in files.bad_shards))
 
     tracking_uri = tracking.resolve_tracking_uri(job.tracking)
     run_id = tracking.start_job_run(job, tracking_uri, config_source=config_source, run_id=job.tracking.run_id)
@@ -150,6 +157,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             mlflow_run_id=run_id,
             mlflow_tracking_uri=tracking_uri,
             checkpoint_path=result.checkpoint_path,
+            bad_shards=[b.describe() for b in files.bad_shards],
         )
         _log_summary(client, run_id, summary, quarantined, log_model=job.tracking.log_model)
         status = "FINISHED"
@@ -215,6 +223,7 @@ def _log_summary(client, run_id: str, summary: JobSummary, quarantined: dict[str
         "auc": summary.auc,
         "logloss": summary.logloss,
         "rows_quarantined": float(summary.rows_quarantined),
+        "bad_shards_skipped": float(len(summary.bad_shards)),
         "wall_time_s": summary.wall_time_s,
     }
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])

@@ -79,9 +79,10 @@ def raw_files(draw) -> tuple[bytes, bool]:
     if draw(st.booleans()):
         text = text.replace("\n", "\r\n")
     data = text.encode("utf-8", "surrogatepass")
+    bad_bytes = st.sampled_from([b"\xff", b"\xc3", b"\x00", b"\r", b"\t\t", b"\xed\xa0\x80"])
     for _ in range(draw(st.integers(0, 3))):  # bad bytes: invalid UTF-8, NUL, stray CR, tabs
         at = draw(st.integers(0, len(data)))
-        data = data[:at] + draw(st.sampled_from([b"\xff", b"\xc3", b"\x00", b"\r", b"\t\t", b"\xed\xa0\x80"])) + data[at:]
+        data = data[:at] + draw(bad_bytes) + data[at:]
     if draw(st.booleans()):  # truncated anywhere
         data = data[: draw(st.integers(0, len(data)))]
     container = draw(st.sampled_from(["plain", "plain", "gzip", "gzip_truncated", "gzip_flipped"]))

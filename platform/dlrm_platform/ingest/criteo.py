@@ -295,7 +295,8 @@ def parse_criteo_batch(lines: list[str], first_line_number: int) -> tuple[pa.Tab
         if isinstance(lines[i], OverlongLine):
             quarantined.append(Quarantined(
                 int(numbers[i]), "line_too_long",
-                f"{lines[i].total_chars} characters, at most {MAX_LINE_CHARS} allowed (the first {_RAW_KEPT_CHARS} kept)",
+                f"{lines[i].total_chars} characters, at most {MAX_LINE_CHARS} allowed "
+                f"(the first {_RAW_KEPT_CHARS} kept)",
                 _strip_line_ending(lines[i][:_RAW_KEPT_CHARS]),
             ))
             continue

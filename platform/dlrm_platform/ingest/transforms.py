@@ -57,15 +57,17 @@ def parse(table: pa.Table, spec: TransformSpec) -> pa.Table:
     """
     cols = spec.columns
     label = table.column(cols.label)
-    label_f = pc.cast(label, pa.float32(), safe=False)
-    bad_label = pc.or_(pc.is_null(label_f), pc.invert(pc.is_in(label_f, pa.array([0.0, 1.0], pa.float32()))))
+    # Compared exactly, in float64: after a cast to float32, 0.99999999 would pass as 1. `equal`, not
+    # `is_in` (which hashes bits): -0.0 is a valid 0.
+    label_f64 = pc.cast(label, pa.float64(), safe=False)
+    bad_label = pc.invert(pc.or_(pc.equal(label_f64, 0.0), pc.equal(label_f64, 1.0)))
     bad_label = pc.fill_null(bad_label, True)
     if pc.any(bad_label).as_py():
         _quarantine(table.filter(bad_label), "label missing or not 0/1", spec.quarantine_dir)
         keep = pc.invert(bad_label)
         table = table.filter(keep)
-        label_f = label_f.filter(keep)
-    arrays: dict[str, pa.ChunkedArray | pa.Array] = {cols.label: label_f}
+        label_f64 = label_f64.filter(keep)
+    arrays: dict[str, pa.ChunkedArray | pa.Array] = {cols.label: pc.cast(label_f64, pa.float32())}
     if cols.session_key:
         arrays[cols.session_key] = _session_keys(table.column(cols.session_key))
     for name in cols.dense_columns:
@@ -77,11 +79,33 @@ def parse(table: pa.Table, spec: TransformSpec) -> pa.Table:
     return pa.table(arrays)
 
 
+def _stable_key_hash(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Non-negative int64 keys of a non-integer key column, the same in every batch and process.
+
+    Each distinct value is hashed once (blake2b of its value): a cast would fail on strings and merge
+    1.5 and 1.7 into one session. Nulls get 0 here and a fresh key in :func:`_session_keys`.
+    """
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    encoded = col.dictionary_encode()
+
+    def digest(v: object) -> int:
+        v = v + 0.0 if isinstance(v, float) else v  # -0.0 is 0.0
+        return int.from_bytes(hashlib.blake2b(repr(v).encode(), digest_size=8).digest(), "little") >> 1
+
+    digests = np.array([digest(v) for v in encoded.dictionary.to_pylist()] or [0], dtype=np.int64)
+    return digests[pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)]
+
+
 def _session_keys(col: pa.ChunkedArray) -> pa.Array:
     """int64 session keys; a missing key becomes a unique negative key (its own session)."""
-    if not pa.types.is_integer(col.type):
-        col = pc.hash_64(col) if hasattr(pc, "hash_64") else pc.cast(col, pa.int64(), safe=False)
-    keys = pc.cast(col, pa.int64(), safe=False).to_numpy(zero_copy_only=False)
+    value_type = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+    if pa.types.is_integer(value_type):
+        # fill_null first: with nulls, to_numpy goes through float64 and keys above 2**53 would merge.
+        keys = pc.cast(col, pa.int64(), safe=False).fill_null(0).to_numpy(zero_copy_only=False)
+    else:
+        keys = _stable_key_hash(col)
     missing = pc.is_null(col).to_numpy(zero_copy_only=False)
     if missing.any():
         keys = np.where(missing, 0, keys).astype(np.int64)
@@ -161,7 +185,8 @@ def _hash_lists(col: pa.Array, table_size: int, max_len: int) -> pa.LargeListArr
     # A sliced array's offsets need not start at 0; flatten() starts at its first value.
     offsets = np.asarray(col.offsets, dtype=np.int64)
     offsets = offsets - offsets[0]
-    flat = col.flatten().to_numpy(zero_copy_only=False)
+    # A null inside a list is the missing id 0, as for categorical columns (as floats, NaN hashed to garbage).
+    flat = pc.fill_null(col.flatten(), 0).to_numpy(zero_copy_only=False)
     # Keep the most recent max_len ids: the tail of each list.
     new_lengths = np.minimum(lengths, max_len)
     if (new_lengths < lengths).any():
