@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/tuner.py [--pipeline benchmarks/pipelines/dlrm_preprocessing.yaml]
         [--json PATH] [--policies static,ray_default,plumber,hill_climb,rl,oracle]
         [--run-s 100] [--shift-run-s 130] [--no-shift] [--cluster local|multinode|both] [--rounds 1]
+    .venv/bin/python benchmarks/tuner.py --ablation [--sim-only] [--ablation-seeds 123,7]
+        [--ablation-pipelines 48] [--run-s 100]
 
 The pipeline (YAML) has operators that *wait* for their cost (GIL-free), on a
 local Ray with many logical CPUs: on this 2-core machine that models a large
@@ -28,6 +30,17 @@ with operators that cost nothing (``--no-ceiling`` skips it): what Ray Data move
 through six operators on this machine at all. The *effective optimum* is the best
 allocation under the YAML's costs with the per-task overheads put back: each
 operator's output rows per occupied slot-second, the best any run measured for it.
+
+``--ablation`` asks whether the learned part of ``rl`` earns its place. The ``rl`` policy
+is its network behind two rules (the evidence gate and the shield, ``tuner/README.md``);
+the ablation runs the same policy with the shipped net, with no net (the first "+1" the
+shield allows, else hold), with an untrained random net, and plumber, on held-out random
+simulated pipelines (``rl_train.evaluate_policies``: ``--ablation-pipelines`` per seed,
+every second one with an operator's cost doubled half-way; the seeds are not the training
+ones) and prints each one's share of the optimum, the paired per-pipeline differences
+(mean, standard error, wins/losses), how often the gate held and how often the shield
+vetoed the net's own choice. Without ``--sim-only`` it then runs the four live on the
+benchmark pipeline (``--run-s`` each). It replaces the policy comparison in that run.
 
 ``--json PATH`` writes {"throughput": {policy: sps}, "rl_vs_oracle", "rl_vs_ray_default",
 "rl_vs_plumber", "rl_vs_hill_climb", "rl_seconds_to_95pct", "stalls", ...}.
@@ -122,7 +135,8 @@ def oracle_shortlist(pipe: PipelineDef, k: int) -> list[dict]:
 
 
 def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | None, plot_dir: Path | None,
-            oracle_k: int, tag: str, steady_s: float | None = None, cost_scale: float | None = None) -> dict:
+            oracle_k: int, tag: str, steady_s: float | None = None, cost_scale: float | None = None,
+            policy_path: str | None = None) -> dict:
     """One policy, one run. Steady state = the last ``steady_s`` seconds (default: the last 40%).
     ``cost_scale`` multiplies every operator's cost (0: the operators cost nothing)."""
     import ray
@@ -133,7 +147,7 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
-    cfg = TunerConfig(policy=policy, interval_s=1.0)
+    cfg = TunerConfig(policy=policy, interval_s=1.0, policy_path=policy_path)
     options = {}
     if policy == "oracle":
         if ORACLE_SHORTLIST == "truth":
@@ -480,6 +494,93 @@ def simulated_suite(pipe: PipelineDef, policies: list[str], args) -> dict:
             out[f"rl_vs_{base}"] = rl / out["throughput"][base]
     return out
 
+ABLATION_RUNNERS = ("net", "no_net", "random_net")
+
+
+def ablation_sim(seeds: list[int], n_pipelines: int) -> dict:
+    """The learned net against no net and a random net (all behind the same gate and shield)
+    and plumber, on held-out random simulated pipelines: ``n_pipelines`` per seed, pooled."""
+    from dlrm_platform.tuner.rl_train import ablation_runners, evaluate_policies, paired_difference
+
+    pooled: dict[str, dict] = {}
+    per_seed = []
+    for seed in seeds:
+        res = evaluate_policies(ablation_runners(), baselines=("plumber",), n_pipelines=n_pipelines, seed=seed)
+        per_seed.append({"seed": seed, **{p: {k: v for k, v in row.items() if k != "per_pipeline"}
+                                          for p, row in res["policies"].items()}})
+        for pol, row in res["policies"].items():
+            acc = pooled.setdefault(pol, {"per_pipeline": [], "steady": [], "shifted": [],
+                                          "gate_hold_share": [], "veto_share_of_wanted_moves": []})
+            acc["per_pipeline"] += row["per_pipeline"]
+            n = len(row["per_pipeline"])
+            acc["steady"] += [x for i, x in enumerate(row["per_pipeline"]) if i % 2 == 0]
+            acc["shifted"] += [x for i, x in enumerate(row["per_pipeline"]) if i % 2 == 1]
+            for k in ("gate_hold_share", "veto_share_of_wanted_moves"):
+                if k in row:
+                    acc[k].append(row[k] * n)
+    total = len(seeds) * n_pipelines
+    out: dict = {"seeds": seeds, "pipelines": total, "share_of_optimum": {}, "per_seed": per_seed}
+    for pol, acc in pooled.items():
+        row = {"mean": float(np.mean(acc["per_pipeline"])), "steady": float(np.mean(acc["steady"])),
+               "shifted": float(np.mean(acc["shifted"]))}
+        for k in ("gate_hold_share", "veto_share_of_wanted_moves"):
+            if acc[k]:
+                row[k] = float(sum(acc[k]) / total)
+        out["share_of_optimum"][pol] = row
+    pp = {pol: acc["per_pipeline"] for pol, acc in pooled.items()}
+    out["paired"] = {f"net_vs_{b}": paired_difference(pp["net"], pp[b]) for b in ("no_net", "random_net", "plumber")}
+    out["paired"]["no_net_vs_plumber"] = paired_difference(pp["no_net"], pp["plumber"])
+    d = out["paired"]["net_vs_no_net"]
+    out["net_beats_no_net"] = bool(d["mean"] > 2 * d["se"])
+    return out
+
+
+def print_ablation_sim(a: dict) -> None:
+    print(f"\n== ablation, simulated: {a['pipelines']} held-out random pipelines (seeds {a['seeds']}),"
+          " share of the optimum over the last 20 of 90 steps")
+    print(f"  {'policy':<12}{'all':>8}{'steady':>8}{'shifted':>9}{'gate held':>11}{'net vetoed':>12}")
+    for pol, row in a["share_of_optimum"].items():
+        gate = row.get("gate_hold_share")
+        veto = row.get("veto_share_of_wanted_moves") if pol != "no_net" else None
+        print(f"  {pol:<12}{row['mean']:>8.3f}{row['steady']:>8.3f}{row['shifted']:>9.3f}"
+              f"{(f'{gate:.0%}' if gate is not None else '-'):>11}{(f'{veto:.0%}' if veto is not None else '-'):>12}")
+    for k, d in a["paired"].items():
+        print(f"  {k:<20} mean difference {d['mean']:+.4f} (se {d['se']:.4f}), wins/losses/ties"
+              f" {d['wins']}/{d['losses']}/{d['ties']}")
+    print("  the learned net " + ("beats" if a["net_beats_no_net"] else "does NOT clearly beat")
+          + " the no-net rule (mean paired difference > 2 standard errors)")
+
+
+def ablation_live(pipe: PipelineDef, kind: str, args) -> dict:
+    """The ablation's four, live on the benchmark pipeline (``args.run_s`` each, one after another)."""
+    import ray
+
+    from dlrm_platform.tuner.rl_train import ablation_runners
+
+    runners = ablation_runners()
+    keys = {name: r.register(f"<ablation {name}>") for name, r in runners.items()}
+    cluster = start_cluster(pipe, kind)
+    out: dict = {"samples_per_s": {}, "final_allocation": {}, "decisions": {}}
+    try:
+        warm_up(int(pipe.cluster.data_cpus))
+        for name in (*ABLATION_RUNNERS, "plumber"):
+            pol = "plumber" if name == "plumber" else "rl"
+            print(f"  [{kind} ablation] {name}: {args.run_s:.0f} s ...", flush=True)
+            res = run_one(pipe, pol, args.run_s, shift_at=None, plot_dir=args.plot_dir, oracle_k=args.oracle_k,
+                          tag=f"{kind}-ablation-{name}", steady_s=0.4 * args.run_s, policy_path=keys.get(name))
+            out["samples_per_s"][name] = res["samples_per_s"]
+            out["final_allocation"][name] = res["final_allocation"]
+            out["decisions"][name] = res["decisions"]
+            print(f"     {res['samples_per_s']:,.0f} samples/s, final {res['final_allocation']},"
+                  f" {res['decisions']} decisions", flush=True)
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+    base = out["samples_per_s"].get("no_net")
+    out["vs_no_net"] = {k: v / base for k, v in out["samples_per_s"].items()} if base else {}
+    return out
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -497,6 +598,11 @@ def main(argv=None) -> int:
                     " YAML's overhead-free true costs, then measure the best --oracle-k live")
     ap.add_argument("--plot-dir", type=Path, default=ROOT / "runs" / "bench" / "tuner")
     ap.add_argument("--sim-only", action="store_true", help="only the simulated comparison (seconds, no Ray)")
+    ap.add_argument("--ablation", action="store_true",
+                    help="instead of the comparison: the rl policy with its net, with no net, with a random net,"
+                    " and plumber (simulated on held-out pipelines; then live unless --sim-only)")
+    ap.add_argument("--ablation-seeds", default="123,7", help="seeds of the held-out simulated pipelines")
+    ap.add_argument("--ablation-pipelines", type=int, default=48, help="simulated pipelines per seed")
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                     help="skip the overhead-ceiling run (the pipeline with operators that cost nothing)")
     args = ap.parse_args(argv)
@@ -507,6 +613,21 @@ def main(argv=None) -> int:
     pipe = load_pipeline(args.pipeline)
     kinds = ["local", "multinode"] if args.cluster == "both" else [args.cluster]
     report: dict = {"pipeline": pipe.name, "load_average_at_start": os.getloadavg()}
+    if args.ablation:
+        abl = ablation_sim([int(x) for x in args.ablation_seeds.split(",") if x.strip()], args.ablation_pipelines)
+        print_ablation_sim(abl)
+        report["ablation"] = {"simulated": abl}
+        if not args.sim_only:
+            for kind in kinds:
+                live = ablation_live(pipe, kind, args)
+                print(f"\n== ablation, {kind}: " + ", ".join(f"{k} {v:,.0f}" for k, v in live["samples_per_s"].items())
+                      + " samples/s; vs no_net: " + ", ".join(f"{k} {v:.3f}" for k, v in live["vs_no_net"].items()))
+                report["ablation"][kind] = live
+        report["load_average_at_end"] = os.getloadavg()
+        if args.json_path:
+            Path(args.json_path).write_text(json.dumps(report, indent=1, default=str))
+            print(f"\nwrote {args.json_path}")
+        return 0
     sim = simulated_suite(pipe, policies, args)
     print("\n== simulated (true cost model, block-granular noisy counters; no Ray)")
     for p, v in sim["throughput"].items():

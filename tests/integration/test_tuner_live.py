@@ -4,7 +4,8 @@ The pipeline's middle operator is 10x as expensive as its neighbours and starts
 with as many slots as they do; the plumber policy must move slots to it while
 the dataset streams, Ray's own counters (tasks running, actor-pool size) must
 show the change, and the allocation must carry into the second epoch (a new
-execution).
+execution). The RL policy (the shipped net, behind its gate and shield) must do
+the same live.
 """
 
 from __future__ import annotations
@@ -80,6 +81,19 @@ def _ticks(history, epoch=None):
     return [r for r in history if r["type"] == "tick" and (epoch is None or r["epoch"] == epoch)]
 
 
+def _history_once_ended(handle, epochs: int, timeout_s: float = 60.0) -> list[dict]:
+    """The recorder's records once the ends of ``epochs`` epochs have reached it (the controller
+    sends them fire-and-forget, so they may trail the end of iteration)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        hist = handle.history()
+        if sum(r["type"] == "epoch_end" for r in hist) >= epochs:
+            return hist
+        assert time.monotonic() < deadline, f"{epochs} epoch end(s) never reached the recorder: " \
+            f"{[r['type'] for r in hist if r['type'] != 'tick']}"
+        time.sleep(0.05)  # poll interval of the condition above, not a guess at how long it takes
+
+
 def _check_budget(ticks):
     for t in ticks:
         assert sum(t["allocation"].values()) <= BUDGET, t["allocation"]
@@ -100,8 +114,7 @@ def test_live_control_with_a_plain_iterator_across_two_epochs(tuner_cluster):
             for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
                 n += len(batch["id"])
             rows.append(n)
-        time.sleep(1.0)
-        hist = handle.history()
+        hist = _history_once_ended(handle, 2)
     finally:
         handle.close()
     assert rows == [blocks * 1000, blocks * 1000]  # nothing lost or duplicated by the control
@@ -160,8 +173,7 @@ def test_live_control_under_ray_train_with_an_actor_pool(tuner_cluster, tmp_path
     )
     try:
         trainer.fit()
-        time.sleep(1.5)
-        hist = handle.history()
+        hist = _history_once_ended(handle, 2)
     finally:
         handle.close()
     starts = [r for r in hist if r["type"] == "epoch_start"]
@@ -174,3 +186,27 @@ def test_live_control_under_ray_train_with_an_actor_pool(tuner_cluster, tmp_path
     assert max(t["per_op"]["heavy"]["pool_size"] or 0 for t in e1 + e2) > 2
     assert starts[1]["allocation"]["heavy"] > 2
     assert any(t["data_wait"] is not None for t in e1 + e2), "trainers' data-wait fraction never reached the tuner"
+
+
+def test_rl_policy_live_moves_slots_to_the_heavy_operator(tuner_cluster):
+    from dlrm_platform import tuner
+
+    pipe = _pipeline(actor_middle=False)
+    blocks = 40
+    ds, cfg, specs, opts = _build(pipe, "rl", actor_middle=False, blocks=blocks)
+    handle = tuner.attach(cfg, None, ds.context, BUDGET, operators=specs, options=opts, tuner_id="live-rl")
+    try:
+        n = sum(len(b["id"]) for b in ds.iter_batches(batch_size=None, batch_format="numpy"))
+        hist = _history_once_ended(handle, 1)
+    finally:
+        handle.close()
+    assert n == blocks * 1000
+    ticks = _ticks(hist, 1)
+    _check_budget(ticks)
+    states = [t["policy_state"] for t in ticks]
+    assert any(s.startswith("rl: +1 heavy") for s in states), states  # the net was asked and moved
+    decided = [t for t in ticks if t["decision"]]
+    assert decided and max(t["allocation"]["heavy"] for t in decided) > 2, [t["allocation"] for t in decided]
+    assert ticks[-1]["allocation"]["heavy"] > 2
+    after = [t for t in ticks if t["t"] > decided[0]["t"] + 2.0]
+    assert after and max(t["per_op"]["heavy"]["tasks_now"] for t in after) > 2  # Ray ran what it was given

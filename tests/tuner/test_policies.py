@@ -105,13 +105,32 @@ def test_controller_masks_any_proposal_to_the_budget():
     assert tick["budget"] == 2.0
 
 
-@pytest.mark.parametrize("policy", ["plumber", "hill_climb", "rl"])
-def test_policies_survive_a_cost_shift_within_budget(policy):
+SHIFT_AT, WITHIN = 45, 30
+
+
+@pytest.mark.parametrize("policy", [
+    "plumber",
+    "hill_climb",
+    pytest.param("rl", marks=pytest.mark.xfail(strict=True, reason=(
+        "the shipped net holds at (4, 6, 3), 0.8 of the new optimum, in every seed; the no-net rule"
+        " behind the same shield recovers in 6 ticks (tuner/README.md, 'What is learned')"))),
+])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_policies_re_adapt_to_a_cost_shift(policy, seed):
+    # a's cost rises 8x at tick 45: the allocation that suited a cheap a, (1, 8, 4) for plumber,
+    # now delivers 1/5 of the new optimum (5, 5, 3). Re-adapting = back to 95% of the new
+    # optimum within 30 ticks (hill_climb re-probes every 20 s) and staying there.
     pipe = _pipe()
-    trace = run_controller_in_sim(pipe, _spec(policy, pipe), steps=60, shift_at=30, shift=("c", 2.0))
-    for x in trace:
-        assert sum(x["allocation"].values()) <= 13
-        assert min(x["allocation"].values()) >= 1
+    trace = run_controller_in_sim(pipe, _spec(policy, pipe), steps=SHIFT_AT + WITHIN + 15, shift_at=SHIFT_AT,
+                                  shift=("a", 8.0), seed=seed)
+    for x in trace:  # the controller's guarantees, for any policy
+        assert sum(x["allocation"].values()) <= 13 and min(x["allocation"].values()) >= 1
+    share = [x["throughput"] / x["t_opt"] for x in trace]
+    assert min(share[SHIFT_AT : SHIFT_AT + 2]) < 0.5  # the shift hurt: there is something to re-adapt to
+    late = share[SHIFT_AT + WITHIN :]
+    assert min(late) > 0.95, f"{policy} did not recover within {WITHIN} ticks: {np.round(late, 3)}," \
+                             f" allocation {trace[-1]['allocation']}"
+    assert trace[-1]["allocation"]["a"] > trace[SHIFT_AT - 1]["allocation"]["a"]
 
 
 def test_oracle_settles_then_averages_each_candidate():

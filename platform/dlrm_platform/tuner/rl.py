@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm_platform.tuner.actions import apply_action, describe_action, vetoed_actions
+from dlrm_platform.tuner.actions import K_MAX, apply_action, describe_action, vetoed_actions
 from dlrm_platform.tuner.features import FeatureState, featurize
 from dlrm_platform.tuner.observe import Observation
 from dlrm_platform.tuner.spec import Allocation, OpSpec
@@ -51,6 +51,9 @@ class RLPolicyRunner:
     def __init__(self, net, meta: dict | None = None):
         self.net = net
         self.meta = meta or {}
+        # what the shield did to this runner's choices (ablation, benchmarks): ticks the net was
+        # asked, and how many of its own choices (argmax over the plain mask) the shield vetoed
+        self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0}
 
     def register(self, key: str) -> str:
         """Make this in-memory policy loadable as ``policy_path=key`` (evaluation, tests)."""
@@ -107,8 +110,30 @@ class RLPolicyRunner:
         # a finished operator bounds nothing (and is the first donor)
         caps = {o.name: (None if o.completed else o.capacity) for o in obs.ops}
         # the net sees the plain mask (as in training); the shield only vetoes its choice
-        a = self.choose(vec, mask & ~vetoed_actions(mask, alloc, specs, budget, caps, self.shield_min_gain))
+        allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, self.shield_min_gain)
+        a = self.choose(vec, allowed)
+        own = a if (allowed == mask).all() else self.choose(vec, mask)  # what it wanted, unshielded
+        self.stats["asked"] += 1
+        self.stats["moves_wanted"] += int(own != 0)
+        self.stats["vetoed"] += int(own != a)
         new = apply_action(a, alloc, specs, budget, caps)
         fs.tick()
         fs.note_action(alloc, new)
         return (new if new != alloc else None), describe_action(a, [s.name for s in specs])
+
+
+class NoNetRunner(RLPolicyRunner):
+    """The ablation baseline of the learned policy: the same gates and shield, no weights.
+
+    It takes the first "+1" move (in operator order) the shield allows, and holds
+    otherwise; it never takes a "-1". Because the shield only allows a "+1" that the
+    measured per-slot rates predict raises the slowest operator's capacity by 2%, this
+    rule alone is a greedy bottleneck climber. The learned net has to beat it to earn
+    its place (``benchmarks/tuner.py --ablation``)."""
+
+    def __init__(self):
+        super().__init__(None, {"algorithm": "no net: the first +1 the shield allows, else hold"})
+
+    def choose(self, vec: np.ndarray, mask: np.ndarray) -> int:
+        grow = np.flatnonzero(mask[1 : 1 + K_MAX])
+        return int(grow[0]) + 1 if len(grow) else 0

@@ -66,27 +66,120 @@ def evaluate_net(net, n_pipelines: int = 12, steps: int = 90, seed: int = 123) -
     """Mean share of the optimum the policy reaches over its last 20 steps, on random
     simulated pipelines (half with a mid-run cost shift), next to the plumber policy."""
     from dlrm_platform.tuner.rl import RLPolicyRunner
+
+    res = evaluate_policies({"rl": RLPolicyRunner(net)}, n_pipelines=n_pipelines, steps=steps, seed=seed)
+    return {k: v["mean"] for k, v in res["policies"].items()}
+
+
+def ablation_runners(net=None, *, hidden: int = 64, seed: int = 0) -> dict:
+    """The learned policy and what it must beat, all behind the same gates and shield:
+    ``net`` (the shipped policy when None), ``no_net`` (the first "+1" the shield allows,
+    else hold) and ``random_net`` (an untrained ``PerOpPolicyNet``, seeded)."""
+    import torch
+
+    from dlrm_platform.tuner.nets import PerOpPolicyNet
+    from dlrm_platform.tuner.rl import NoNetRunner, RLPolicyRunner
+
+    if net is None:
+        shipped = RLPolicyRunner.load()
+        net, hidden = shipped.net, shipped.net.hidden
+    torch.manual_seed(seed)
+    random_net = PerOpPolicyNet(hidden=hidden).eval()
+    return {"net": RLPolicyRunner(net), "no_net": NoNetRunner(), "random_net": RLPolicyRunner(random_net)}
+
+
+def evaluate_policies(
+    runners: dict,
+    *,
+    baselines: tuple[str, ...] = ("plumber", "static"),
+    n_pipelines: int = 12,
+    steps: int = 90,
+    seed: int = 123,
+    tail: int = 20,
+) -> dict:
+    """Every RL runner (``{name: RLPolicyRunner}``, acting through the ``rl`` policy with its
+    evidence gate and shield) and every baseline policy on the same random simulated
+    pipelines: ``n_pipelines`` drawn from ``seed`` (training draws from other seeds), every
+    second one with an operator's cost doubled half-way. Score of a run: the mean share of
+    the optimum over its last ``tail`` steps. Returns per policy the mean, the means over
+    the steady and the shifted pipelines, the per-pipeline scores (paired across policies),
+    and for the runners how often the gate held and the shield vetoed the net's own choice."""
     from dlrm_platform.tuner.simulator import initial_allocation, random_pipeline, run_controller_in_sim
     from dlrm_platform.tuner.spec import TunerSpec
 
     rng = np.random.default_rng(seed)
-    key = RLPolicyRunner(net).register(f"<in-memory {id(net)}>")
-    scores: dict[str, list[float]] = {"rl": [], "plumber": [], "static": []}
+    keys = {name: r.register(f"<in-memory {name} {id(r)}>") for name, r in runners.items()}
+    for r in runners.values():
+        r.stats = dict.fromkeys(r.stats, 0)
+    policies = [*runners, *baselines]
+    scores: dict[str, list[float]] = {p: [] for p in policies}
+    held = dict.fromkeys(runners, 0)
+    ticks = dict.fromkeys(runners, 0)
+    shifted: list[bool] = []
     for i in range(n_pipelines):
         pipe_seed = int(rng.integers(1 << 30))
         shift = i % 2 == 1
-        for pol in scores:
+        shifted.append(shift)
+        for pol in policies:
             prng = np.random.default_rng(pipe_seed)
             pipe = random_pipeline(prng)
             init = initial_allocation(pipe, prng, "even")
-            spec = TunerSpec(f"eval-{i}", pol, pipe.budget, pipe.specs(init), policy_path=key)
+            kind = "rl" if pol in runners else pol
+            spec = TunerSpec(f"eval-{i}", kind, pipe.budget, pipe.specs(init), policy_path=keys.get(pol))
             shift_op = pipe.ops[int(prng.integers(len(pipe.ops)))].name
             trace = run_controller_in_sim(pipe, spec, steps=steps, seed=i,
                                           shift_at=steps // 2 if shift else None,
                                           shift=(shift_op, 2.0) if shift else None)
-            tail = trace[-20:]
-            scores[pol].append(float(np.mean([min(x["throughput"] / x["t_opt"], 1.0) for x in tail])))
-    return {k: float(np.mean(v)) for k, v in scores.items()}
+            scores[pol].append(float(np.mean([min(x["throughput"] / x["t_opt"], 1.0) for x in trace[-tail:]])))
+            if pol in runners:
+                ticks[pol] += len(trace)
+                held[pol] += sum("measuring the last move" in x["policy_state"] for x in trace)
+    mask = np.array(shifted)
+    out: dict = {"n_pipelines": n_pipelines, "steps": steps, "seed": seed, "tail": tail, "policies": {}}
+    for pol, v in scores.items():
+        a = np.array(v)
+        row = {"mean": float(a.mean()), "steady": float(a[~mask].mean()) if (~mask).any() else None,
+               "shifted": float(a[mask].mean()) if mask.any() else None, "per_pipeline": [float(x) for x in a]}
+        if pol in runners:
+            st = runners[pol].stats
+            row["gate_hold_share"] = held[pol] / max(ticks[pol], 1)
+            row["asked_share"] = st["asked"] / max(ticks[pol], 1)
+            row["veto_share_of_wanted_moves"] = st["vetoed"] / max(st["moves_wanted"], 1)
+        out["policies"][pol] = row
+    return out
+
+
+def paired_difference(a: list[float], b: list[float]) -> dict:
+    """Mean of the per-pipeline differences a - b, its standard error, and a's wins/losses
+    (differences within 0.001 count as ties)."""
+    d = np.asarray(a) - np.asarray(b)
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+    return {"mean": float(d.mean()), "se": se, "wins": int((d > 1e-3).sum()), "losses": int((d < -1e-3).sum()),
+            "ties": int((abs(d) <= 1e-3).sum())}
+
+
+def reference_outputs(net, n: int = 12, seed: int = 2024) -> dict:
+    """``n`` observations of simulated pipelines (a teacher rollout from ``seed``) and the
+    net's logits on them, recorded in ``policy.json`` next to the weights: loading the
+    weights must reproduce them (``tests/tuner/test_rl_policy.py``)."""
+    import torch
+
+    from dlrm_platform.tuner.simulator import EnvConfig, make_env_class
+
+    env = make_env_class()(EnvConfig(seed=seed))
+    vec, _ = env.reset(seed=seed)
+    obs = []
+    for i in range(5 * n):
+        if i % 5 == 0:
+            obs.append(np.asarray(vec, dtype=np.float32).copy())
+        vec, _, _, trunc, _ = env.step(teacher_action(env))
+        if trunc:
+            vec, _ = env.reset()
+    with torch.no_grad():
+        logits, _ = net(torch.as_tensor(np.stack(obs)))
+    return {"seed": seed, "obs": [[float(x) for x in v] for v in obs],
+            "logits": [[float(x) for x in row] for row in logits.numpy()],
+            "actions": [int(a) for a in logits.argmax(-1)]}
 
 
 def teacher_action(env) -> int:
@@ -265,7 +358,7 @@ def train_policy(
                 gamma=0.9,
                 lambda_=0.9,
                 train_batch_size_per_learner=train_batch,
-                minibatch_size=256,
+                minibatch_size=min(256, train_batch),
                 num_epochs=4,
                 entropy_coeff=0.003,
                 vf_loss_coeff=0.5,
@@ -313,6 +406,7 @@ def train_policy(
         "ppo": {"lr": lr, "train_batch": train_batch, "num_envs": num_envs, "history": history},
         "sim_eval_share_of_optimum": scores,
         "seconds": time.time() - t0,
+        "reference_outputs": reference_outputs(net),
     }
     (out / META).write_text(json.dumps(meta, indent=1, default=float))
     return meta
