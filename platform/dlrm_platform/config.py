@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -224,7 +224,9 @@ class IngestConfig(StrictModel):
 
     batch_size: int = Field(1024, ge=1, description="samples per training batch (per worker)")
     hash_size: int = Field(100_000, ge=2, description="rows of each embedding table unless overridden")
-    hash_sizes: dict[str, int] = Field(default_factory=dict, description="per-feature table sizes")
+    hash_sizes: dict[str, Annotated[int, Field(ge=2)]] = Field(
+        default_factory=dict, description="per-feature table sizes (keys: categorical or multi_hot columns)"
+    )
     max_history_length: int = Field(100, ge=1, description="multi-hot lists are truncated to this length")
     dense_log1p: bool = Field(True, description="fill missing dense values with 0, then log1p(max(x, 0))")
     dedup: bool | None = Field(
@@ -363,6 +365,12 @@ class JobConfig(StrictModel):
     def _check_dedup(self) -> JobConfig:
         if self.ingest.dedup and self.data.columns.session_key is None:
             raise ValueError("ingest.dedup is true but data.columns.session_key is not set")
+        unknown = sorted(set(self.ingest.hash_sizes) - set(self.data.columns.sparse_features))
+        if unknown:  # a typo would silently leave the table at hash_size
+            raise ValueError(
+                f"ingest.hash_sizes names {unknown}, which are not categorical or multi_hot columns of "
+                f"data.columns ({self.data.columns.sparse_features})"
+            )
         return self
 
 
@@ -380,13 +388,25 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         if e["type"] == "extra_forbidden":
             msg = "unknown key (not a field of this section)"
         elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], dict | list):
-            msg = f"{msg} (got {e['input']!r})"
+            got = repr(e["input"])
+            msg = f"{msg} (got {got if len(got) <= 200 else got[:200] + '...'})"
         lines.append(f"{source}: {loc}: {msg}")
     return "invalid job config:\n  " + "\n  ".join(lines)
 
 
-def _parse_override_value(raw: str) -> Any:
-    return yaml.safe_load(raw) if raw != "" else ""
+# What YAML parsing raises on bad input: YAMLError, ValueError (an integer of more than 4300 digits),
+# RecursionError (nesting thousands deep).
+_YAML_INPUT_ERRORS = (yaml.YAMLError, ValueError, RecursionError)
+
+
+def _parse_override_value(key: str, raw: str) -> Any:
+    if raw == "":
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except _YAML_INPUT_ERRORS as err:
+        first = " ".join(str(err).split())[:200]
+        raise ConfigError(f"override {key!r}: the value {raw[:100]!r} is not a YAML value ({first})") from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:
@@ -400,11 +420,13 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | list[str] |
             if "=" not in item:
                 raise ConfigError(f"override {item!r} must look like section.field=value")
             key, value = item.split("=", 1)
-            pairs[key.strip()] = _parse_override_value(value)
+            pairs[key.strip()] = _parse_override_value(key.strip(), value)
         overrides = pairs
     for dotted, value in overrides.items():
         node = out
         parts = dotted.split(".")
+        if not all(parts):
+            raise ConfigError(f"override {dotted!r} must be a dotted field path like train.epochs")
         for part in parts[:-1]:
             nxt = node.get(part)
             if nxt is None:
@@ -420,24 +442,30 @@ def parse_job_config(raw: Any, source: str = "<config>", overrides: dict[str, An
     """Validate an already-parsed config mapping. Raises :class:`ConfigError`."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a job config must be a mapping of sections, got {type(raw).__name__}")
-    raw = apply_overrides(raw, overrides)
     try:
+        raw = apply_overrides(raw, overrides)
         return JobConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, source)) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply to be a job config") from None
 
 
 def load_job_config(path: str | Path, overrides: dict[str, Any] | list[str] | None = None) -> JobConfig:
     """Read a YAML job config; the only place configs are read from disk."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the config file ({type(err).__name__}: {err})") from None
     try:
         raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    except _YAML_INPUT_ERRORS as err:
+        raise ConfigError(f"{path}: not valid YAML: {str(err)[:500]}") from None
     return parse_job_config(raw, str(path), overrides)
 
 
