@@ -93,6 +93,7 @@ class FakeTracker:
         self.runs: dict[str, dict[str, Any]] = {}
         self.terminated: list[tuple[str, str]] = []
         self.fail_create = False
+        self.progress_of: dict[str, Progress] = {}  # what a test says each run's metrics show
 
     def create_run(self, experiment: str, run_name: str, tags: dict[str, str]) -> tuple[str, str]:
         if self.fail_create:
@@ -109,7 +110,7 @@ class FakeTracker:
         return self.runs[run_id]["status"]
 
     def progress(self, run_id: str) -> Progress | None:
-        return Progress(steps_done=42, samples_per_s=1234.5, data_wait_fraction=0.25)
+        return self.progress_of.get(run_id)
 
     def find_run(self, job_id: str) -> tuple[str, str] | None:
         return None

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from api_fakes import FakeBackend, FakeTracker, Stack
 
+from dlrm_platform.api.tracking import Progress
+
 
 def sets_of(entrypoint: str) -> dict[str, str]:
     argv = shlex.split(entrypoint.partition(" && exec ")[2])
@@ -39,10 +41,13 @@ def test_submit_by_name_runs_to_success(stack: Stack):
     assert run["tags"]["job_id"] == out["id"] and run["tags"]["user"] == "alice"
 
     stack.backend.set_status(sub["sid"], "RUNNING")
+    stack.tracker.progress_of[job["mlflow_run_id"]] = Progress(steps_done=17, samples_per_s=900.0,
+                                                                data_wait_fraction=0.3)
     stack.service.tick()
     job = stack.job(out["id"], "alice")
     assert job["status"] == "RUNNING" and job["started_at"]
-    assert job["progress"]["steps_done"] == 42 and job["progress"]["data_wait_fraction"] == 0.25
+    # what the tracker read from the job's run (the real reader: test_progress_is_read_from_...)
+    assert job["progress"]["steps_done"] == 17 and job["progress"]["data_wait_fraction"] == 0.3
     assert job["ray_dashboard_url"] == f"http://ray:8265/#/jobs/{sub['sid']}"
     assert job["mlflow_run_url"].endswith(f"/runs/{job['mlflow_run_id']}")
 
@@ -54,6 +59,45 @@ def test_submit_by_name_runs_to_success(stack: Stack):
     assert kinds[0] == "submitted" and "attempt_started" in kinds and kinds[-1] == "finished"
     # Logs were archived at the end and are served from the archive.
     assert stack.client.get(f"/v1/jobs/{out['id']}/logs", headers=stack.h("alice")).text == f"log of {sub['sid']}\n"
+
+
+def test_progress_is_read_from_the_jobs_mlflow_run(tmp_path: Path):
+    """The real MLflow progress reader (api.tracking.MlflowTracker) on a real run, written by the
+    job's own MLflow logger (train.tracking) the way the train loop writes it."""
+    from dlrm_platform.api.tracking import MlflowTracker, init_backend_store
+    from dlrm_platform.train.tracking import MlflowTracker as JobTracker
+
+    uri = init_backend_store(tmp_path / "mlflow" / "mlflow.db", tmp_path / "mlflow" / "artifacts")
+    s = Stack(tmp_path, tracker=MlflowTracker(uri), progress_interval_s=1e-6)
+    try:
+        job = s.submit("alice")["id"]
+        s.service.tick()
+        run_id = s.job(job)["mlflow_run_id"]
+        assert run_id and s.service.tracker.find_run(job)[0] == run_id  # a real run, tagged with the job id
+        s.backend.set_status(f"{job}-1", "RUNNING")
+        s.service.tick()
+        assert s.job(job)["progress"]["steps_done"] is None  # nothing logged yet
+
+        writer = JobTracker(uri, run_id)
+        for step in range(1, 13):  # per-step metrics, as Worker._log_step logs them
+            writer.log_step(step, {"loss": 0.7 - 0.01 * step, "samples_per_s": 1000.0 + step,
+                                   "data_wait_fraction": 0.5 - 0.02 * step})
+        writer.log_epoch(0, {"epoch_train_loss": 0.6, "epoch_samples_per_s": 5.0,
+                             "epoch_data_wait_fraction": 0.9})  # logged at step = epoch
+        s.service.tick()
+        p = s.job(job)["progress"]
+        assert p["steps_done"] == 12
+        assert p["samples_per_s"] == 1012.0 and abs(p["data_wait_fraction"] - 0.26) < 1e-9
+        assert p["updated_at"]
+
+        for step in range(13, 21):
+            writer.log_step(step, {"loss": 0.5, "samples_per_s": 2000.0 + step, "data_wait_fraction": 0.1})
+        writer.flush()
+        s.service.tick()
+        p = s.job(job)["progress"]
+        assert (p["steps_done"], p["samples_per_s"], p["data_wait_fraction"]) == (20, 2020.0, 0.1)
+    finally:
+        s.close()
 
 
 def test_whole_config_and_422_naming_field_paths(stack: Stack):
@@ -325,7 +369,7 @@ def test_key_cache_remembers_for_its_ttl(tmp_path: Path):
 
 def test_concurrent_polls_of_an_uncached_job_share_one_render(tmp_path: Path, monkeypatch):
     import asyncio
-    import time as _time
+    import threading
 
     import httpx
 
@@ -334,16 +378,29 @@ def test_concurrent_polls_of_an_uncached_job_share_one_render(tmp_path: Path, mo
     s = Stack(tmp_path, view_cache_ttl_s=3600.0)
     renders: list[str] = []
     real_render = job_routes._render_job
+    polls = 23
+    arrived = threading.Event()  # every poll has looked for a render in flight
 
-    def slow_render(job_id, principal, service, settings):
+    class CountingRenders(dict):
+        looked = 0
+
+        def get(self, key, default=None):
+            CountingRenders.looked += 1
+            if CountingRenders.looked >= polls:
+                arrived.set()
+            return super().get(key, default)
+
+    def held_render(job_id, principal, service, settings):
         renders.append(principal.user)
-        _time.sleep(0.2)  # long enough for every poll below to arrive while it runs
+        # hold the render until every poll has arrived, so each one finds it in flight
+        assert arrived.wait(timeout=30), f"only {CountingRenders.looked} of {polls} polls arrived"
         return real_render(job_id, principal, service, settings)
 
-    monkeypatch.setattr(job_routes, "_render_job", slow_render)
+    monkeypatch.setattr(job_routes, "_render_job", held_render)
     try:
         job = s.submit("alice")["id"]
         s.service.view_cache.invalidate([job])
+        s.service.view_renders = CountingRenders()
 
         async def burst():
             transport = httpx.ASGITransport(app=s.app)
@@ -355,7 +412,7 @@ def test_concurrent_polls_of_an_uncached_job_share_one_render(tmp_path: Path, mo
         alice, bob = responses[:20], responses[20:]
         assert [r.status_code for r in alice] == [200] * 20 and len({r.content for r in alice}) == 1
         assert [r.status_code for r in bob] == [404] * 3  # another user's job, shared render or not
-        assert renders.count("alice") == 1 and renders.count("bob") <= 1
+        assert renders.count("alice") == 1 and renders.count("bob") == 1
         assert not s.service.view_renders  # nothing left in flight
     finally:
         s.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -16,23 +15,29 @@ CPU = torch.device("cpu")
 
 
 class CountingIterator:
-    """An iterator over tables that counts how many were taken, optionally slow."""
+    """An iterator over tables that counts how many were taken; tests can wait for a count."""
 
-    def __init__(self, tables, delay_s: float = 0.0) -> None:
+    def __init__(self, tables) -> None:
         self._it = iter(tables)
         self.taken = 0
-        self.delay_s = delay_s
         self.threads: set[str] = set()
+        self._changed = threading.Condition()
 
     def __iter__(self):
         return self
 
     def __next__(self):
         self.threads.add(threading.current_thread().name)
-        time.sleep(self.delay_s)
         item = next(self._it)
-        self.taken += 1
+        with self._changed:
+            self.taken += 1
+            self._changed.notify_all()
         return item
+
+    def wait_taken(self, n: int, timeout_s: float = 10.0) -> bool:
+        """True once ``n`` tables have been taken; False if that has not happened within ``timeout_s``."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.taken >= n, timeout=timeout_s)
 
 
 class FakeShard:
@@ -66,21 +71,28 @@ def test_every_batch_once_in_order(packed_batch, depth) -> None:
     assert source.threads == ({"dlrm-batch-prefetch"} if depth else {threading.current_thread().name})
 
 
-def test_reads_ahead_while_the_consumer_computes(packed_batch) -> None:
-    # Reading takes 50 ms per table; the consumer "computes" 50 ms per step. With read-ahead the
-    # consumer's wait after the first batch is far below the read time.
-    tables = [packed_batch(16, seed=i) for i in range(6)]
-    source = CountingIterator(tables, delay_s=0.05)
-    waits = []
-    with BatchPrefetcher(source, _unpack, CPU, depth=2) as batches:
-        while True:
-            start = time.perf_counter()
-            item = batches.get()
-            waits.append(time.perf_counter() - start)
-            if item is None:
-                break
-            time.sleep(0.05)
-    assert sum(waits[1:-1]) < 0.5 * 0.05 * (len(tables) - 1), waits
+@pytest.mark.parametrize("depth", [1, 3])
+def test_reads_ahead_while_the_consumer_computes(packed_batch, depth) -> None:
+    # The consumer holds its first batch and asks for nothing more (it is "computing"): the
+    # producer still reads the next ``depth`` tables, which are then handed over in order.
+    tables = [packed_batch(n, seed=i) for i, n in enumerate([6, 5, 4, 3, 2, 1])]
+    source = CountingIterator(tables)
+    with BatchPrefetcher(source, _unpack, CPU, depth=depth) as batches:
+        first = batches.get()
+        assert first is not None and int(first[0].labels.numel()) == 6
+        assert source.wait_taken(1 + depth), f"read {source.taken} table(s) while the consumer computed"
+        got = []
+        while (item := batches.get()) is not None:
+            got.append(int(item[0].labels.numel()))
+    assert got == [5, 4, 3, 2, 1]
+
+
+def test_without_read_ahead_nothing_is_read_until_asked(packed_batch) -> None:
+    source = CountingIterator([packed_batch(4, seed=i) for i in range(3)])
+    with BatchPrefetcher(source, _unpack, CPU, depth=0) as batches:
+        assert batches.get() is not None
+        assert source.taken == 1  # read on the training thread, by the get() itself
+        assert batches.get() is not None and source.taken == 2
 
 
 @pytest.mark.parametrize("depth", [0, 2])
@@ -89,7 +101,9 @@ def test_reads_no_more_than_the_limit(packed_batch, depth) -> None:
     with BatchPrefetcher(source, _unpack, CPU, depth, limit=2) as batches:
         assert batches.get() is not None and batches.get() is not None
         assert batches.get() is None
-        time.sleep(0.05)
+        if batches._thread is not None:  # the producer ends by itself at the limit, before any close()
+            batches._thread.join(timeout=10)
+            assert not batches._thread.is_alive()
     assert source.taken == 2  # the rest stays in the shard, as without read-ahead
 
 
@@ -112,10 +126,11 @@ def test_close_stops_a_producer_blocked_on_a_full_queue(packed_batch) -> None:
     source = CountingIterator([packed_batch(4, seed=i) for i in range(50)])
     batches = BatchPrefetcher(source, _unpack, CPU, depth=1)
     assert batches.get() is not None
-    time.sleep(0.1)  # the producer fills the queue and blocks
+    # one table handed over, one in the queue, the third read and blocked on the full queue
+    assert source.wait_taken(3)
     batches.close(timeout_s=5)
     assert not batches._thread.is_alive()
-    assert source.taken < 50
+    assert source.taken == 3
 
 
 def test_lockstep_with_read_ahead_stops_reading_at_max_steps(tiny_job, packed_batch, gloo_group) -> None:
