@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/constraints-cpu.txt scripts/install.sh
+$(STAMP): pyproject.toml requirements/constraints-$(if $(filter 1,$(GPU)),gpu,cpu).txt scripts/install.sh scripts/torch_index.py
 	GPU=$(GPU) VENV=$(VENV) scripts/install.sh
 	@rm -f $(VENV)/.installed-*
 	@touch $@

@@ -142,14 +142,45 @@ def test_vm_cluster_launcher_file():
     assert any(f"DLRM_PYTHON={IMAGE_PYTHON}" in o for o in cfg["docker"]["run_options"])
 
 
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+    out, current = [], ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") and not current:
+            continue
+        current += line.rstrip().removesuffix("\\") + " "
+        if not line.rstrip().endswith("\\"):
+            if current.strip():
+                word, _, args = current.strip().partition(" ")
+                out.append((word.upper(), args.strip()))
+            current = ""
+    return out
+
+
 def test_dockerfile():
     text = (INFRA / "Dockerfile").read_text()
     assert text.startswith("#") and "FROM python:3.11" in text
-    assert "scripts/install.sh" in text and "VENV=/app/.venv" in text  # the pinned CPU/GPU install
+    steps = dockerfile_instructions(text)
+    install = [i for i, (word, args) in enumerate(steps) if word == "RUN" and "scripts/install.sh" in args]
+    assert len(install) == 1, "one RUN installs the environment with scripts/install.sh"
+    run = steps[install[0]][1]
+    assert "VENV=/app/.venv" in run and 'EXTRAS="test,postgres"' in run and "GPU=${GPU}" in run
+    # The pins are install.sh's choice (constraints-cpu.txt or constraints-gpu.txt); re-applying the CPU
+    # pins (torch +cpu) on top of the GPU install is what broke the GPU image.
+    assert "constraints-" not in " ".join(args for _, args in steps)
     assert f"DLRM_API_JOB_PYTHON={IMAGE_PYTHON}" in text and "DLRM_API_JOB_WORKDIR=/app" in text
-    assert '".[postgres]"' in text
-    for path in ("pyproject.toml", "requirements/", "scripts/", "platform/", "configs/"):
-        assert f"COPY {path}" in text or f"COPY {path.rstrip('/')}" in text or path in text
+    # Everything the install reads is copied before it runs; everything copied exists.
+    copied_before, copied = set(), set()
+    for i, (word, args) in enumerate(steps):
+        if word == "COPY":
+            sources = [a.rstrip("/") for a in args.split()[:-1] if not a.startswith("--")]
+            copied.update(sources)
+            if i < install[0]:
+                copied_before.update(sources)
+    for path in copied:
+        assert (ROOT / path).exists(), f"COPY {path}: not in the repository"
+    assert {"pyproject.toml", "README.md", "requirements", "scripts", "platform"} <= copied_before
+    assert "configs" in copied
 
 
 def test_ray_job_submit_files():
