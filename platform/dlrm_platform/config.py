@@ -201,6 +201,11 @@ class OperatorsConfig(StrictModel):
     batch: OperatorConfig = Field(default_factory=OperatorConfig)
 
 
+def _on_off(value: Any) -> Any:
+    """YAML reads a bare ``on``/``off`` as a boolean: take it as the word it was."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
 class EpochCacheConfig(StrictModel):
     """Each trainer keeps its first pass over a dataset (packed batches) and replays it in later epochs.
 
@@ -217,6 +222,8 @@ class EpochCacheConfig(StrictModel):
     memory_mb: float = Field(2048.0, ge=0, description="per trainer: packed batches kept in memory")
     disk_mb: float = Field(20480.0, ge=0, description="per trainer: packed batches spilled to local disk")
     spill_dir: Path | None = Field(default=None, description="where spills go; default <tracking.runs_dir>/epoch_cache")
+
+    _mode_words = field_validator("mode", mode="before")(_on_off)
 
 
 class IngestConfig(StrictModel):
@@ -249,6 +256,8 @@ class IngestConfig(StrictModel):
         default=None, ge=1, description="samples per block of the fused pipeline; None: ~8 batches, <= 8 MiB"
     )
     cache: EpochCacheConfig = Field(default_factory=EpochCacheConfig)
+
+    _fusion_words = field_validator("fusion", mode="before")(_on_off)
 
     def table_size(self, feature: str) -> int:
         return self.hash_sizes.get(feature, self.hash_size)

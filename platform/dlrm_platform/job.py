@@ -46,14 +46,22 @@ class JobSummary:
     mlflow_tracking_uri: str
     checkpoint_path: str | None
     bad_shards: list[str] = field(default_factory=list)  # "path: reason" of shards skipped (data.on_bad_shard)
+    pipeline: str = ""
+    epochs: list[dict] = field(default_factory=list)  # per epoch: data_wait_fraction, first_batch_latency_s, source
+    epoch_cache: dict = field(default_factory=dict)  # rank 0's caches: state, batches, MB in memory / on disk
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
     def render(self) -> str:
+        per_epoch = ", ".join(f"{e['data_wait_fraction']:.3f}" for e in self.epochs)
+        first = ", ".join(f"{e['first_batch_latency_s']:.2f}" for e in self.epochs)
         rows = [
             ("training samples/s", f"{self.samples_per_s:,.0f}"),
-            ("data-wait fraction", f"{self.data_wait_fraction:.3f}"),
+            ("data-wait fraction", f"{self.data_wait_fraction:.3f}" + (f"  (per epoch: {per_epoch})" if per_epoch else "")),
+            ("first batch (s)", first or "-"),
+            ("pipeline", self.pipeline or "-"),
+            ("epoch cache", describe_cache(self.epoch_cache, self.epochs)),
             ("held-out AUC", f"{self.auc:.4f}"),
             ("held-out logloss", f"{self.logloss:.4f}"),
             ("steps / samples", f"{self.steps:,} / {self.samples:,}"),
@@ -68,6 +76,18 @@ class JobSummary:
         lines = [f"== {self.job}: done =="] + [f"  {k.ljust(width)}  {v}" for k, v in rows]
         lines.append(f"  open it: {open_hint(self.mlflow_tracking_uri)}")
         return "\n".join(lines)
+
+
+def describe_cache(caches: dict, epochs: list[dict]) -> str:
+    """One line on the train epoch cache: its state, size, and which epochs it served."""
+    train = caches.get("train")
+    if not train:
+        return "-"
+    replayed = [str(e["epoch"]) for e in epochs if e.get("source") == "cache"]
+    if train["state"] == "off":
+        return f"off ({train['reason']})"
+    where = f"{train['batches']:,} batches, {train['memory_mb']:.1f} MB in memory, {train['disk_mb']:.1f} MB on disk"
+    return f"{train['state']}: {where}" + (f"; epochs {', '.join(replayed)} replayed from it" if replayed else "")
 
 
 def open_hint(tracking_uri: str) -> str:
@@ -132,6 +152,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             client.log_param(run_id, "cpu_budget", budget.describe())
             datasets, tuner_handle = _build_tuned_datasets(job, files, quarantine_dir, budget.data)
             try:
+                client.log_param(run_id, "pipeline", datasets.describe())
                 result = run_training(
                     job,
                     datasets.as_dict(),
@@ -139,6 +160,8 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
                     tracking_uri=tracking_uri,
                     storage_path=job.train.storage_path or str(runs_dir / "ray_results"),
                     execution_options=execution_options(budget),
+                    dataset_files=datasets.files,
+                    cache_dir=str(job.ingest.cache.spill_dir or runs_dir / "epoch_cache"),
                 )
             finally:
                 _log_tuner(tuner_handle, client, run_id)
@@ -158,6 +181,9 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             mlflow_tracking_uri=tracking_uri,
             checkpoint_path=result.checkpoint_path,
             bad_shards=[b.describe() for b in files.bad_shards],
+            pipeline=datasets.describe(),
+            epochs=list((result.metrics or {}).get("epochs", [])),
+            epoch_cache=dict(((result.metrics or {}).get("feed") or {}).get("caches", {})),
         )
         _log_summary(client, run_id, summary, quarantined, log_model=job.tracking.log_model)
         status = "FINISHED"
@@ -172,13 +198,25 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
 def _build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus: float):
     """The job's pipelines with the tuner installed on the train pipeline.
 
-    The tuner sizes each operator's task pool to the most it could ever give it
-    (distinct sizes also keep Ray from fusing neighbours into one operator) and
-    caps running tasks live, starting from the config's numbers.
+    Fused (``ingest.fusion``): one read operator does read..batch; the tuner
+    records it and holds its task count. Split: the tuner sizes each
+    operator's task pool to the most it could ever give it (distinct sizes
+    also keep Ray from fusing neighbours into one operator) and caps running
+    tasks live, starting from the config's numbers.
     """
     from dlrm_platform import tuner
-    from dlrm_platform.ingest.pipeline import build_job_datasets
+    from dlrm_platform.ingest.fused import fusion_enabled
+    from dlrm_platform.ingest.pipeline import build_job_datasets, fused_operator, warm_data_workers
 
+    if fusion_enabled(job.ingest, job.tuner):
+        op = fused_operator(job.ingest, data_cpus)
+        warm_data_workers(op.concurrency + 1)  # the read tasks' processes import while the trainers start
+        datasets = build_job_datasets(job, files.train, files.eval, quarantine_dir, fused_op=op)
+        specs = [tuner.OpSpec("read", op.num_cpus, initial=op.concurrency)]
+        handle = tuner.attach(job.tuner, job.ingest, datasets.train.context, cpu_budget=data_cpus,
+                              operators=specs, options={"samples_per_sink_row": float(job.ingest.batch_size)})
+        log.info("pipeline: %s; %d tasks of %g CPU", datasets.describe(), op.concurrency, op.num_cpus)
+        return datasets, handle
     pools = tuner.compute_strategies(job.tuner, job.ingest, cpu_budget=data_cpus)
     operators = job.ingest.operators.model_copy(
         update={name: getattr(job.ingest.operators, name).model_copy(update={"concurrency": pool.size})
@@ -187,7 +225,7 @@ def _build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus
     build_job = job.model_copy(update={"ingest": job.ingest.model_copy(update={"operators": operators})})
     datasets = build_job_datasets(build_job, files.train, files.eval, quarantine_dir)
     handle = tuner.attach(job.tuner, job.ingest, datasets.train.context, cpu_budget=data_cpus)
-    log.info("tuner: policy %s over %s (CPU budget %g)", job.tuner.policy, ", ".join(pools), data_cpus)
+    log.info("pipeline: %s; tuner: policy %s (CPU budget %g)", datasets.describe(), job.tuner.policy, data_cpus)
     return datasets, handle
 
 
@@ -225,9 +263,12 @@ def _log_summary(client, run_id: str, summary: JobSummary, quarantined: dict[str
         "rows_quarantined": float(summary.rows_quarantined),
         "bad_shards_skipped": float(len(summary.bad_shards)),
         "wall_time_s": summary.wall_time_s,
+        **{f"epoch_{e['epoch']}_data_wait_fraction": e["data_wait_fraction"] for e in summary.epochs},
+        **{f"epoch_{e['epoch']}_first_batch_latency_s": e["first_batch_latency_s"] for e in summary.epochs},
     }
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
     client.log_dict(run_id, json.loads(summary.to_json()), "summary.json")
+    client.set_tag(run_id, "epoch_cache", describe_cache(summary.epoch_cache, summary.epochs)[:5000])
     if quarantined:
         client.log_dict(run_id, quarantined, "quarantine_counts.json")
     if log_model and summary.checkpoint_path and Path(summary.checkpoint_path).is_dir():

@@ -16,6 +16,8 @@ INGEST_MODULES = [
     "dlrm_platform.ingest.dedup_batching",
     "dlrm_platform.ingest.dedup",
     "dlrm_platform.ingest.pipeline",
+    "dlrm_platform.ingest.fused",
+    "dlrm_platform.train.feed",
 ]
 
 

@@ -120,9 +120,9 @@ __all__ = [
     "SessionParquetDatasource",
     "batch",
     "build_dedup_dataset",
-    "build_dedup_job_datasets",
     "convert_table",
     "convert_to_dedup",
+    "dedup_job_shards",
     "default_dedup_dir",
     "dense_transform",
     "ensure_dedup_dataset",
@@ -762,6 +762,13 @@ def read_session_shard(users_path: str, samples_path: str, columns: DatasetSchem
     return join_sessions(users, samples, columns, quarantine_dir)
 
 
+def samples_offsets(block: pa.Table) -> np.ndarray:
+    """int64 [S + 1]: where each session's samples start in a session block (from 0)."""
+    nested = _chunk(block.column(SAMPLES_COLUMN))
+    offsets = np.asarray(nested.offsets, dtype=np.int64)
+    return offsets - offsets[0]
+
+
 def _split_block(block: pa.Table) -> tuple[dict[str, pa.Array], np.ndarray, dict[str, pa.Array]]:
     """(top-level columns by name, sample offsets [S + 1] from 0, per-sample fields by name)."""
     top: dict[str, pa.Array] = {}
@@ -933,6 +940,11 @@ def _session_order(keys: np.ndarray) -> np.ndarray:
     return np.random.default_rng(seed).permutation(len(keys))
 
 
+def session_order(block: pa.Table, key: str) -> np.ndarray:
+    """The fixed pseudo-random order of a session block's sessions (see :func:`_session_order`)."""
+    return _session_order(_key_array(block.column(key)))
+
+
 def _sparse_parts(arr: pa.Array, is_list: bool, index: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(lengths int32, values int64) of rows ``index`` (all rows when None) of an id or id-list column."""
     if index is not None:
@@ -1043,20 +1055,13 @@ def build_dedup_dataset(shards: Sequence[tuple[str, str]], spec: TransformSpec, 
                           num_cpus=ops.batch.num_cpus)
 
 
-def build_dedup_job_datasets(job: JobConfig, train_files: Sequence[str | Path], eval_files: Sequence[str | Path],
-                             quarantine_dir: Path):
-    """The job's train and eval pipelines on the dedup copy of its data (converted on first use)."""
-    from dlrm_platform.ingest.pipeline import PipelineDatasets
-
+def dedup_job_shards(job: JobConfig, train_files: Sequence[str | Path],
+                     eval_files: Sequence[str | Path]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The train and eval shard pairs of the dedup copy of the job's data (converted on first use)."""
     dataset, report = ensure_dedup_dataset(job, train_files, eval_files)
     if report is not None:
         train = report.splits.get(job.data.train_split)
         log.info("dedup conversion: %.1f s, storage %.2fx smaller (%s)", report.seconds, report.storage_ratio,
                  "" if train is None else f"train: {train.samples} samples in {train.sessions} sessions, "
                  f"{train.missing_session_keys} without a session key")
-    spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine_dir)
-    return PipelineDatasets(
-        train=build_dedup_dataset(dataset.shards(job.data.train_split), spec, job.ingest),
-        eval=build_dedup_dataset(dataset.shards(job.data.eval_split), spec, job.ingest),
-        quarantine_dir=quarantine_dir,
-    )
+    return dataset.shards(job.data.train_split), dataset.shards(job.data.eval_split)

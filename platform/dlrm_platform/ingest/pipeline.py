@@ -4,6 +4,11 @@
       (read)        one named map_batches operator each, with its own
                     concurrency and CPUs from ``IngestConfig.operators``
 
+With fusion (``ingest.fusion``, :mod:`.fused`) the five stages run as one read
+operator instead, one task per file or dedup shard pair yielding a block per
+~``block_rows`` samples. :func:`build_job_datasets` is the one place that
+picks plain or dedup, fused or split.
+
 The result streams packed batches (``ingest.batching``) into Ray Train through
 ``streaming_split``. The CPU budget is explicit: Ray Data gets ``data_cpus``
 (by default the cluster's CPUs minus the trainers'), so the pipeline and the
@@ -14,6 +19,8 @@ trainers asking 1 CPU each otherwise starve Ray Data and the run hangs).
 from __future__ import annotations
 
 import logging
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +31,7 @@ from ray.data import Dataset, ExecutionOptions, ExecutionResources, TaskPoolStra
 
 from dlrm_platform.config import IngestConfig, JobConfig, OperatorConfig
 from dlrm_platform.errors import UserError
-from dlrm_platform.ingest import transforms
+from dlrm_platform.ingest import dedup, fused, transforms
 from dlrm_platform.ingest.transforms import TransformSpec
 
 log = logging.getLogger(__name__)
@@ -104,30 +111,102 @@ def build_dataset(files: list[str], spec: TransformSpec, ingest: IngestConfig) -
 
 @dataclass
 class PipelineDatasets:
-    """The train and held-out datasets of one job, and where parse quarantines rows."""
+    """The train and held-out datasets of one job, what each reads, and where parse quarantines rows.
+
+    ``files``: the files each pipeline reads (flat Parquet, or the dedup shard
+    pairs), which key the trainers' epoch caches; ``fused``: whether the
+    operators run as one task (:mod:`.fused`); ``block_rows``: samples per
+    block of the fused pipeline (None when split).
+    """
 
     train: Dataset
     eval: Dataset
     quarantine_dir: Path
+    files: dict[str, list[str]]
+    fused: bool = False
+    block_rows: int | None = None
 
     def as_dict(self) -> dict[str, Dataset]:
         return {"train": self.train, "eval": self.eval}
 
+    def describe(self) -> str:
+        if not self.fused:
+            return "split: one Ray Data operator per stage (" + ", ".join(OPERATOR_NAMES) + ")"
+        return f"fused: read..batch in one task, {self.block_rows:,} samples per block"
+
+
+def fused_operator(ingest: IngestConfig, data_cpus: float) -> OperatorConfig:
+    """Tasks and CPUs of the fused operator: ``ingest.fused``, else from the data CPUs.
+
+    At most 1 CPU per task and at least two tasks, so that one task's reads
+    and object-store puts overlap another's transforms even on a single data
+    CPU (measured on the demo, 1 data CPU: two half-CPU tasks beat one).
+    """
+    if ingest.fused is not None:
+        return ingest.fused
+    num_cpus = min(1.0, data_cpus / 2)
+    return OperatorConfig(concurrency=max(2, int(math.floor(data_cpus / num_cpus + 1e-9))), num_cpus=num_cpus)
+
+
+def _import_operators(hold_s: float) -> int:
+    import time
+
+    import dlrm_platform.ingest.fused  # noqa: F401  - what every fused read task imports first
+    time.sleep(hold_s)  # hold the worker so that concurrent warm-ups land on distinct processes
+    return os.getpid()
+
+
+def warm_data_workers(count: int, hold_s: float = 1.0) -> list:
+    """Import the operators' modules in ``count`` idle Ray worker processes, without waiting.
+
+    Ray Data runs its tasks in the job's pooled worker processes; the first task
+    in a process pays its imports (ray.data, pyarrow, the operators), ~1-3 s
+    each on 2 cores. Called before the trainers start, this moves that cold
+    start under their own start-up (worker group, model build) instead of in
+    front of the first epoch's first block. Zero-CPU tasks: they reserve
+    nothing the pipeline or the trainers need. Returns the task refs.
+    """
+    task = ray.remote(num_cpus=0)(_import_operators)
+    return [task.remote(hold_s) for _ in range(max(0, count))]
+
+
+def build_fused_dataset(files: list[str] | list[tuple[str, str]], spec: TransformSpec, ingest: IngestConfig,
+                        op: OperatorConfig, block_rows: int, *, sessions: bool) -> Dataset:
+    """One fused read operator over flat files or (``sessions``) dedup shard pairs."""
+    source = (fused.FusedSessionDatasource(files, spec, ingest.batch_size, block_rows) if sessions
+              else fused.FusedParquetDatasource(files, spec, ingest.batch_size, block_rows))
+    # One read task per file or pair (its blocks come out as they are transformed), never split further.
+    tasks = max(1, len(source.get_read_tasks(1)))
+    return ray.data.read_datasource(source, override_num_blocks=tasks,
+                                    concurrency=min(op.concurrency, tasks), num_cpus=op.num_cpus)
+
 
 def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[str],
-                       quarantine_dir: Path) -> PipelineDatasets:
+                       quarantine_dir: Path, *, fused_op: OperatorConfig | None = None) -> PipelineDatasets:
     """Train and eval pipelines for ``job``; rows that cannot be used go to ``quarantine_dir``.
 
-    With ``ingest.dedup`` on (default for data with a session key) the pipelines read a
-    session-deduplicated copy of the data and ship IKJT batches (:mod:`.dedup`).
+    The one place that picks the path: with deduplication on (``job.dedup_enabled``:
+    default for data with a session key) the pipelines read a session-deduplicated
+    copy of the data and ship IKJT batches (:mod:`.dedup`); with ``fused_op`` the
+    operators run fused as that one operator (:mod:`.fused`), else split.
     """
-    if job.dedup_enabled:
-        from dlrm_platform.ingest.dedup import build_dedup_job_datasets
-
-        return build_dedup_job_datasets(job, train_files, eval_files, quarantine_dir)
     spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine_dir)
-    return PipelineDatasets(
-        train=build_dataset(train_files, spec, job.ingest),
-        eval=build_dataset(eval_files, spec, job.ingest),
-        quarantine_dir=quarantine_dir,
-    )
+    if job.dedup_enabled:
+        train_src, eval_src = dedup.dedup_job_shards(job, train_files, eval_files)
+        files = {"train": [f for pair in train_src for f in pair], "eval": [f for pair in eval_src for f in pair]}
+    else:
+        train_src, eval_src = list(train_files), list(eval_files)
+        files = {"train": [str(f) for f in train_src], "eval": [str(f) for f in eval_src]}
+    if fused_op is not None:
+        plan = fused.plan_blocks(job.ingest)
+        return PipelineDatasets(
+            train=build_fused_dataset(train_src, spec, job.ingest, fused_op, plan.rows, sessions=job.dedup_enabled),
+            eval=build_fused_dataset(eval_src, spec, job.ingest, fused_op, plan.rows, sessions=job.dedup_enabled),
+            quarantine_dir=quarantine_dir, files=files, fused=True, block_rows=plan.rows,
+        )
+    if job.dedup_enabled:
+        train, eval_ = (dedup.build_dedup_dataset(train_src, spec, job.ingest),
+                        dedup.build_dedup_dataset(eval_src, spec, job.ingest))
+    else:
+        train, eval_ = build_dataset(train_src, spec, job.ingest), build_dataset(eval_src, spec, job.ingest)
+    return PipelineDatasets(train=train, eval=eval_, quarantine_dir=quarantine_dir, files=files)

@@ -70,7 +70,8 @@ from torchrec.datasets.utils import Batch
 
 from dlrm_platform.config import JobConfig
 from dlrm_platform.ingest.dedup_batching import packed_batch_stats
-from dlrm_platform.train.checkpoint import TrainProgress, load_checkpoint, save_checkpoint
+from dlrm_platform.train.checkpoint import TrainProgress, load_checkpoint, read_progress, save_checkpoint
+from dlrm_platform.train.feed import ShardFeeder
 from dlrm_platform.train.metrics import auc, logloss_from_logits
 from dlrm_platform.train.dedup_model import batch_codec, build_job_model
 from dlrm_platform.train.model import build_dense_optimizer
@@ -114,6 +115,8 @@ class LoopConfig:
     mlflow_run_id: str | None = None
     tracking_uri: str | None = None
     has_eval: bool = True
+    dataset_files: dict[str, list[str]] = field(default_factory=dict)  # what each pipeline reads (cache keys)
+    cache_dir: str | None = None  # where epoch caches spill; None: ingest.cache.spill_dir or a temp dir
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +124,8 @@ class LoopConfig:
             "mlflow_run_id": self.mlflow_run_id,
             "tracking_uri": self.tracking_uri,
             "has_eval": self.has_eval,
+            "dataset_files": {k: [str(f) for f in v] for k, v in self.dataset_files.items()},
+            "cache_dir": self.cache_dir,
         }
 
     @classmethod
@@ -130,6 +135,8 @@ class LoopConfig:
             mlflow_run_id=config.get("mlflow_run_id"),
             tracking_uri=config.get("tracking_uri"),
             has_eval=bool(config.get("has_eval", True)),
+            dataset_files={str(k): [str(f) for f in v] for k, v in (config.get("dataset_files") or {}).items()},
+            cache_dir=config.get("cache_dir"),
         )
 
 
@@ -289,18 +296,23 @@ class BatchPrefetcher:
         self.close()
 
 
-def lockstep_batches(shard: Any, job: JobConfig, device: torch.device,
+def lockstep_batches(source: Any, job: JobConfig, device: torch.device,
                      max_steps: int | None = None) -> Iterator[StepBatch]:
     """Yield this worker's batches in lockstep with the other workers (see module docstring).
 
-    Ends for all workers at once: when none has a batch left, or after ``max_steps``.
-    Batches are unpacked ahead by a :class:`BatchPrefetcher` (``ingest.prefetch_batches`` deep).
+    ``source``: the packed tables of this pass (a :class:`~.feed.ShardFeeder` pass), or a
+    dataset shard (anything with ``iter_batches``), read here. Ends for all workers at
+    once: when none has a batch left, or after ``max_steps``. Batches are unpacked ahead
+    by a :class:`BatchPrefetcher` (``ingest.prefetch_batches`` deep).
     """
     unpack, dummy = batch_codec(job, torch.device("cpu"))  # plain Batch or DedupBatch (ingest.dedup), on the host
     if device.type != "cpu":
         dummy = batch_codec(job, device)[1]
-    tables = iter(shard.iter_batches(batch_size=1, batch_format="pyarrow",
-                                     prefetch_batches=job.ingest.prefetch_batches))
+    if hasattr(source, "iter_batches"):
+        tables = iter(source.iter_batches(batch_size=1, batch_format="pyarrow",
+                                          prefetch_batches=job.ingest.prefetch_batches))
+    else:
+        tables = iter(source)
     with BatchPrefetcher(tables, unpack, device, job.ingest.prefetch_batches, max_steps) as batches:
         steps = 0
         while max_steps is None or steps < max_steps:
@@ -328,8 +340,11 @@ class EpochStats:
     wait_s: float = 0.0
     compute_s: float = 0.0
     wall_s: float = 0.0  # elapsed training time of this worker (not summed)
+    first_wait_s: float | None = None  # this worker's wait for the first batch (first-batch latency)
 
     def add(self, samples: int, loss_sum: float, wait_s: float, compute_s: float) -> None:
+        if self.first_wait_s is None:
+            self.first_wait_s = wait_s
         self.samples += samples
         self.loss_sum += loss_sum
         self.wait_s += wait_s
@@ -339,7 +354,7 @@ class EpochStats:
         """Sums over all workers (a collective)."""
         t = _all_reduce_sum(torch.tensor([self.samples, self.loss_sum, self.wait_s, self.compute_s],
                                          dtype=torch.float64))
-        return EpochStats(int(t[0]), float(t[1]), float(t[2]), float(t[3]), self.wall_s)
+        return EpochStats(int(t[0]), float(t[1]), float(t[2]), float(t[3]), self.wall_s, self.first_wait_s)
 
     @property
     def loss(self) -> float:
@@ -382,6 +397,7 @@ class Worker:
     progress: TrainProgress = field(default_factory=TrainProgress)
     precision: Precision | None = None  # None: resolved from job.train.precision and the device
     threads: ThreadPlan | None = None  # as configured by train_loop_per_worker (reported, not applied here)
+    epoch_log: list[dict[str, Any]] = field(default_factory=list)  # per epoch of this run: data wait, source
 
     def __post_init__(self) -> None:
         if self.precision is None:
@@ -408,7 +424,7 @@ class Worker:
     # ----------------------------------------------------------------- one epoch
 
     def train_epoch(self, shard: Any, epoch: int) -> EpochStats:
-        """Train on every batch of this epoch's shard; return the epoch's sums over all workers.
+        """Train on every batch of this epoch's shard (or pass of packed tables); return the sums over all workers.
 
         Checkpoints every ``checkpoint_every_steps`` global steps on the way.
         """
@@ -507,6 +523,7 @@ class Worker:
             "train_time_s": p.train_time_s,
             "precision": self.precision.name,
             "intra_op_threads": self.threads.intra_op if self.threads else torch.get_num_threads(),
+            "epochs": list(self.epoch_log),
         }
 
     def checkpoint(self, metrics: dict[str, Any]) -> None:
@@ -561,29 +578,74 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     backend = dist.get_backend() if dist.is_initialized() else "none"
     log.info("rank %d on %s (%s): %s; %s", rank, device, backend, threads.describe(), precision.describe())
 
-    model = build_job_model(job, device)  # the dedup DLRM when ingest.dedup is on
-    worker = Worker(job, model, build_dense_optimizer(model, job.train), device, rank, world_size,
-                    make_tracker(loop.tracking_uri, loop.mlflow_run_id, rank), precision=precision,
-                    threads=threads)
-    with _latest_checkpoint_dir(job) as path:
+    with _latest_checkpoint_dir(job) as path, _start_feeder(loop, rank, path) as feeder:
+        # The feeder is already reading the first epoch while the model is built and sharded.
+        model = build_job_model(job, device)  # the dedup DLRM when ingest.dedup is on
+        worker = Worker(job, model, build_dense_optimizer(model, job.train), device, rank, world_size,
+                        make_tracker(loop.tracking_uri, loop.mlflow_run_id, rank), precision=precision,
+                        threads=threads)
         if path:
             worker.restore(path)
-    start_epoch = worker.progress.next_epoch
+        _train_epochs(worker, feeder, loop.has_eval, threads, precision)
 
-    train_shard = ray.train.get_dataset_shard("train")
-    eval_shard = ray.train.get_dataset_shard("eval") if loop.has_eval else None
+
+def _start_feeder(loop: LoopConfig, rank: int, checkpoint_path: str | None) -> ShardFeeder:
+    """This worker's :class:`~.feed.ShardFeeder` over the passes left to run (from the checkpoint's epoch on)."""
+    import ray.train
+
+    job = loop.job
+    start_epoch = read_progress(checkpoint_path).next_epoch if checkpoint_path else 0
+    names = ("train", "eval") if loop.has_eval else ("train",)
+    shards = {n: (ray.train.get_dataset_shard(n), loop.dataset_files.get(n, [])) for n in names}
+    spill = loop.cache_dir or (str(job.ingest.cache.spill_dir) if job.ingest.cache.spill_dir else None)
+    return ShardFeeder(
+        job=job,
+        shards=shards,
+        order=[(n, e) for e in range(start_epoch, job.train.epochs) for n in names],
+        spill_dir=Path(spill) if spill else Path(tempfile.gettempdir()) / "dlrm-epoch-cache",
+        rank=rank,
+        limits={"train": job.train.max_steps_per_epoch},
+        prefetch_batches=job.ingest.prefetch_batches,
+    )
+
+
+def _all_reduce_min(vote: int) -> int:
+    """The minimum of every worker's ``vote`` (0/1), as a sum compared with the world size."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return int(int(_all_reduce_sum(torch.tensor([vote], dtype=torch.int64))[0]) == world)
+
+
+def _train_epochs(worker: Worker, feeder: ShardFeeder, has_eval: bool, threads: ThreadPlan,
+                  precision: Precision) -> None:
+    """The epochs left: train, evaluate, checkpoint; after each dataset's first pass, decide on replay."""
+    job, rank = worker.job, worker.rank
+    start_epoch = worker.progress.next_epoch
     for epoch in range(start_epoch, job.train.epochs):
-        stats = worker.train_epoch(train_shard, epoch)
+        stats = worker.train_epoch(feeder.tables("train", epoch), epoch)
+        feeder.decide("train", _all_reduce_min)  # a collective: every worker, same point of the loop
         eval_samples = 0
-        if eval_shard is not None:
-            worker.progress.eval_auc, worker.progress.eval_logloss, eval_samples = worker.evaluate(eval_shard)
+        if has_eval:
+            worker.progress.eval_auc, worker.progress.eval_logloss, eval_samples = worker.evaluate(
+                feeder.tables("eval", epoch))
+            feeder.decide("eval", _all_reduce_min)
         worker.progress.epoch_complete = True
+        feed = feeder.stats("train", epoch)
+        worker.epoch_log.append({
+            "epoch": epoch,
+            "data_wait_fraction": round(stats.data_wait_fraction, 4),
+            "first_batch_latency_s": round(stats.first_wait_s or 0.0, 3),
+            "samples_per_s": round(stats.samples_per_s, 1),
+            "source": feed.source,
+        })
         epoch_metrics = {
             "epoch": epoch,
             "start_epoch": start_epoch,
             "epoch_train_loss": stats.loss,
             "epoch_samples": stats.samples,
             "eval_samples": eval_samples,
+            "epoch_data_wait_fraction": stats.data_wait_fraction,
+            "epoch_source": feed.source,
+            "feed": feeder.describe(),
             **worker.summary(),
         }
         worker.tracker.log_epoch(epoch, {
@@ -592,6 +654,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             "eval_logloss": epoch_metrics["logloss"],
             "epoch_samples_per_s": stats.samples_per_s,
             "epoch_data_wait_fraction": stats.data_wait_fraction,
+            "epoch_first_batch_latency_s": stats.first_wait_s or 0.0,
+            "epoch_from_cache": float(feed.source == "cache"),
             "intra_op_threads": float(threads.intra_op),
             "bf16": float(precision.name == "bf16"),
         })

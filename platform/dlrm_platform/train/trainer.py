@@ -97,10 +97,13 @@ def run_training(
     storage_path: str,
     execution_options: ExecutionOptions | dict[str, ExecutionOptions] | None = None,
     run_name: str | None = None,
+    dataset_files: dict[str, list[str]] | None = None,
+    cache_dir: str | None = None,
 ) -> TrainingResult:
     """Train ``job``'s DLRM on ``datasets["train"]`` (packed batches), evaluate on ``datasets["eval"]``.
 
-    ``run_name`` names the Ray Train run under ``storage_path``; a run of the
+    ``dataset_files`` (what each pipeline reads) keys the workers' epoch caches,
+    which spill under ``cache_dir``. ``run_name`` names the Ray Train run under ``storage_path``; a run of the
     same name and storage path resumes from its latest checkpoint. Default:
     ``<job.name>-<mlflow_run_id>`` (so a retried job with the same MLflow run
     resumes), or a fresh random suffix without a run id.
@@ -110,7 +113,8 @@ def run_training(
     train = job.train
     name = run_name or f"{job.name}-{mlflow_run_id or uuid.uuid4().hex[:8]}"
     loop_config = LoopConfig(job=job, mlflow_run_id=mlflow_run_id, tracking_uri=tracking_uri,
-                             has_eval="eval" in datasets)
+                             has_eval="eval" in datasets, dataset_files=dict(dataset_files or {}),
+                             cache_dir=cache_dir)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config.to_dict(),

@@ -1,0 +1,256 @@
+"""The fused ingest operator: read, parse, dense, sparse and batch in one task.
+
+When no policy steers the pipeline's operators one by one (``ingest.fusion``,
+see :func:`fusion_enabled`), the five named operators run as one Ray Data read
+operator (``ReadFusedParquet`` / ``ReadFusedSessions``)::
+
+    read task (one per file or shard pair, or per row-group range of a large file)
+      read the Parquet columns once
+      for every slice of ~block_rows samples:          (sessions kept whole on the dedup path)
+          parse -> dense_transform -> sparse_transform -> batch
+          yield the slice's packed batches               one Ray Data block
+
+The functions are the very ones the unfused pipeline runs as separate
+operators (:mod:`.transforms`, :mod:`.dedup`), so a fused epoch delivers the
+same samples, quarantines the same rows (content-keyed files: once across
+epochs) and packs the same batch contract. What fusion removes is the
+framework's per-operator cost, measured on the demo: four extra tasks per
+block, each with its own scheduling, object-store put and get of the
+intermediate table, and the operators' minimum CPU reservations; yielding
+several blocks per read task lets the trainer start on a block while its file
+is still being transformed.
+
+Nothing here imports torch: Ray Data workers import this module.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from dlrm_platform.config import IngestConfig, TunerConfig
+from dlrm_platform.ingest import dedup, transforms
+from dlrm_platform.ingest.transforms import TransformSpec
+
+__all__ = [
+    "BlockPlan",
+    "FusedParquetDatasource",
+    "FusedSessionDatasource",
+    "fusion_enabled",
+    "plan_blocks",
+    "preprocess_flat",
+    "preprocess_sessions",
+]
+
+# Policies that only hold the config's numbers: nothing steers an operator on its own.
+_NON_STEERING_POLICIES = frozenset({"static"})
+_TARGET_BLOCK_BYTES = 8 << 20  # upper bound of one yielded block of packed batches
+_BATCHES_PER_BLOCK = 8  # default block: enough batches to amortise a block's overhead, early enough to overlap
+_MAX_ROWS_PER_TASK = 1 << 20  # a larger file is read by several tasks (row-group ranges)
+
+
+def fusion_enabled(ingest: IngestConfig, tuner: TunerConfig | None) -> bool:
+    """Whether the job's pipeline runs fused: ``ingest.fusion`` on/off, or auto = no per-operator steering."""
+    if ingest.fusion == "auto":
+        return tuner is None or tuner.policy in _NON_STEERING_POLICIES
+    return ingest.fusion == "on"
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """How many samples one yielded block holds, and why (reported in the run)."""
+
+    rows: int
+    source: str  # "config" or "auto"
+
+    def describe(self) -> str:
+        return f"{self.rows:,} samples per block ({self.source})"
+
+
+def plan_blocks(ingest: IngestConfig, bytes_per_sample: float | None = None) -> BlockPlan:
+    """Samples per block: ``ingest.block_rows``, else ~8 batches, capped at ~8 MiB of packed batches.
+
+    Fewer, larger blocks leave nothing to overlap (the trainer waits for a whole
+    file's work); many small ones pay Ray's per-block cost (scheduling,
+    object-store put/get, one split-coordinator round trip each) more often.
+    A multiple of the batch size, so that only a task's last batch is short.
+    """
+    if ingest.block_rows is not None:
+        return BlockPlan(ingest.block_rows, "config")
+    rows = _BATCHES_PER_BLOCK * ingest.batch_size
+    if bytes_per_sample and bytes_per_sample > 0:
+        cap = int(_TARGET_BLOCK_BYTES // bytes_per_sample)
+        rows = min(rows, max(ingest.batch_size, cap // ingest.batch_size * ingest.batch_size))
+    return BlockPlan(max(rows, ingest.batch_size), "auto")
+
+
+# --------------------------------------------------------------------------- the fused functions
+
+
+def preprocess_flat(table: pa.Table, spec: TransformSpec, batch_size: int) -> pa.Table:
+    """Flat rows -> packed batches (``batching.PACKED_SCHEMA``): the plain pipeline's four operators in one call."""
+    table = transforms.sparse_transform(transforms.dense_transform(transforms.parse(table, spec), spec), spec)
+    if table.num_rows == 0:
+        return _empty_plain()
+    return pa.concat_tables([transforms.batch(table.slice(lo, batch_size), spec)
+                             for lo in range(0, table.num_rows, batch_size)])
+
+
+def preprocess_sessions(block: pa.Table, spec: TransformSpec, batch_size: int) -> pa.Table:
+    """A session block -> packed IKJT batches: the dedup pipeline's four operators in one call."""
+    block = dedup.sparse_transform(dedup.dense_transform(dedup.parse(block, spec), spec), spec)
+    return dedup.batch(block, spec, batch_size)
+
+
+def _empty_plain() -> pa.Table:
+    from dlrm_platform.ingest.batching import PACKED_SCHEMA
+
+    return PACKED_SCHEMA.empty_table()
+
+
+# --------------------------------------------------------------------------- slicing a read into blocks
+
+
+def _sample_slices(num_rows: int, rows: int) -> Iterator[tuple[int, int]]:
+    for lo in range(0, num_rows, rows):
+        yield lo, min(rows, num_rows - lo)
+
+
+def _session_slices(block: pa.Table, rows: int) -> Iterator[tuple[int, int]]:
+    """(first session, number of sessions) slices of a session block holding at most ``rows`` samples each.
+
+    Whole sessions, as many as fit (one, if a single session is larger): with
+    ``rows`` a multiple of the batch size, a slice's last batch then falls
+    short of full by less than one session, instead of holding the few
+    samples that overshoot (measured: a tiny last batch per block, each a
+    full-weight optimizer step on a handful of samples, cost the demo 0.02 AUC).
+    """
+    counts = np.diff(np.asarray(dedup.samples_offsets(block), dtype=np.int64))
+    if len(counts) == 0:
+        return
+    ends = np.cumsum(counts)
+    lo = 0
+    while lo < len(counts):
+        base = ends[lo - 1] if lo else 0
+        hi = int(np.searchsorted(ends, base + rows, side="right"))  # sessions ending within the slice
+        hi = min(max(hi, lo + 1), len(counts))
+        yield lo, hi - lo
+        lo = hi
+
+
+# --------------------------------------------------------------------------- datasources
+
+
+def _row_group_ranges(path: str, max_rows: int) -> list[tuple[int, int, int]]:
+    """(first row group, number of row groups, rows) ranges of ``path``, each at most ~``max_rows`` rows."""
+    meta = pq.ParquetFile(path).metadata
+    ranges, start, rows = [], 0, 0
+    for i in range(meta.num_row_groups):
+        n = meta.row_group(i).num_rows
+        if rows and rows + n > max_rows:
+            ranges.append((start, i - start, rows))
+            start, rows = i, 0
+        rows += n
+    ranges.append((start, meta.num_row_groups - start, rows))
+    return ranges
+
+
+class FusedParquetDatasource(Datasource):
+    """Flat Parquet files -> packed batches, one fused read task per file (or row-group range)."""
+
+    def __init__(self, files: Sequence[str], spec: TransformSpec, batch_size: int, block_rows: int) -> None:
+        super().__init__()
+        self.files = [str(f) for f in files]
+        self.spec = spec
+        self.batch_size = batch_size
+        self.block_rows = block_rows
+
+    def get_name(self) -> str:
+        return "FusedParquet"
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return sum(os.path.getsize(f) for f in self.files)
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                       data_context: Any = None) -> list[ReadTask]:
+        tasks = []
+        for path in self.files:
+            size = os.path.getsize(path)
+            ranges = _row_group_ranges(path, _MAX_ROWS_PER_TASK)
+            total = sum(r[2] for r in ranges) or 1
+            for first, count, rows in ranges:
+                meta = BlockMetadata(num_rows=None, size_bytes=int(size * rows / total),
+                                     input_files=[path], exec_stats=None)
+                tasks.append(ReadTask(_flat_reader(path, first, count, self.spec, self.batch_size,
+                                                   self.block_rows), meta))
+        return tasks
+
+
+def _flat_reader(path: str, first_group: int, num_groups: int, spec: TransformSpec, batch_size: int,
+                 block_rows: int):
+    def read() -> Iterator[pa.Table]:
+        f = pq.ParquetFile(path)
+        groups = list(range(first_group, first_group + num_groups))
+        table = f.read_row_groups(groups, columns=spec.columns.columns) if groups else \
+            f.schema_arrow.empty_table().select(spec.columns.columns)
+        for lo, n in _sample_slices(table.num_rows, block_rows):
+            out = preprocess_flat(table.slice(lo, n), spec, batch_size)
+            if out.num_rows:
+                yield out
+
+    return read
+
+
+class FusedSessionDatasource(Datasource):
+    """Dedup shard pairs -> packed IKJT batches, one fused read task per pair."""
+
+    def __init__(self, shards: Sequence[tuple[str, str]], spec: TransformSpec, batch_size: int,
+                 block_rows: int) -> None:
+        super().__init__()
+        self.shards = [(str(u), str(s)) for u, s in shards]
+        self.spec = spec
+        self.batch_size = batch_size
+        self.block_rows = block_rows
+
+    def get_name(self) -> str:
+        return "FusedSessions"
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return sum(os.path.getsize(u) + os.path.getsize(s) for u, s in self.shards)
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                       data_context: Any = None) -> list[ReadTask]:
+        return [
+            ReadTask(_session_reader(u, s, self.spec, self.batch_size, self.block_rows),
+                     BlockMetadata(num_rows=None, size_bytes=os.path.getsize(u) + os.path.getsize(s),
+                                   input_files=[u, s], exec_stats=None))
+            for u, s in self.shards
+        ]
+
+
+def _session_reader(users_path: str, samples_path: str, spec: TransformSpec, batch_size: int, block_rows: int):
+    def read() -> Iterator[pa.Table]:
+        block = dedup.read_session_shard(users_path, samples_path, spec.columns, spec.quarantine_dir)
+        # Shards are sorted by session key: slice a fixed random order of the whole shard's sessions,
+        # or each block (and so a run of consecutive steps) would hold one key range only.
+        block = block.take(pa.array(dedup.session_order(block, spec.columns.session_key)))
+        for lo, n in _session_slices(block, block_rows):
+            out = preprocess_sessions(block.slice(lo, n), spec, batch_size)
+            if out.num_rows:
+                yield out
+
+    return read
+
+
+def expected_blocks(num_samples: int, block_rows: int) -> int:
+    """About how many blocks an epoch of ``num_samples`` yields (for logs)."""
+    return max(1, math.ceil(num_samples / max(block_rows, 1)))

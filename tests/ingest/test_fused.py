@@ -1,0 +1,130 @@
+"""The fused operator delivers exactly what the split operators deliver, in blocks of the planned size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dlrm_platform.config import DatasetSchema, IngestConfig, TunerConfig
+from dlrm_platform.ingest import dedup, fused, transforms
+from dlrm_platform.ingest.transforms import TransformSpec
+
+COLUMNS = DatasetSchema.model_validate({
+    "label": "label",
+    "session_key": "sid",
+    "user": {"dense": ["ud"], "categorical": ["uc"], "multi_hot": ["hist"]},
+    "item": {"dense": ["idn"], "categorical": ["ic"]},
+})
+
+
+def _flat(n: int, seed: int = 0, bad_labels: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    sid = np.sort(rng.integers(0, n // 5 + 1, n))
+    label = (rng.random(n) < 0.3).astype(np.float64)
+    label[:bad_labels] = 7.0  # quarantined by parse
+    user = {s: (rng.integers(0, 50), [int(x) for x in rng.integers(0, 99, rng.integers(0, 4))], rng.random())
+            for s in np.unique(sid)}
+    return pa.table({
+        "label": label,
+        "sid": sid,
+        "ud": [user[s][2] for s in sid],
+        "uc": [user[s][0] for s in sid],
+        "hist": pa.array([user[s][1] for s in sid], pa.list_(pa.int64())),
+        "idn": rng.random(n),
+        "ic": rng.integers(0, 1000, n),
+    })
+
+
+def _spec(tmp_path: Path) -> TransformSpec:
+    return TransformSpec.from_config(COLUMNS, IngestConfig(hash_size=97), tmp_path / "q")
+
+
+def _samples(packed: list[pa.Table]) -> list[tuple]:
+    """Every sample of packed plain batches as (label, dense..., ids per feature), sorted."""
+    out = []
+    for t in packed:
+        for r in range(t.num_rows):
+            b = int(t.column("num_samples")[r].as_py())
+            labels = np.asarray(t.column("labels")[r].values)
+            dense = np.asarray(t.column("dense")[r].values).reshape(b, -1)
+            lengths = np.asarray(t.column("lengths")[r].values).reshape(-1, b)
+            values = np.asarray(t.column("values")[r].values)
+            offs = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])
+            for i in range(b):
+                ids = tuple(tuple(values[offs[f * b + i]:offs[f * b + i + 1]]) for f in range(lengths.shape[0]))
+                out.append((float(labels[i]), *np.round(dense[i], 5), ids))
+    return sorted(out)
+
+
+def _dedup_samples(packed: list[pa.Table]) -> list[tuple]:
+    """Every sample of packed IKJT batches, user side expanded: (label, user dense, item dense, ids)."""
+    out = []
+    for t in packed:
+        for r in range(t.num_rows):
+            row = {c: np.asarray(t.column(c)[r].values) for c in ("labels", "dense", "user_dense", "inverse",
+                                                                   "lengths", "values", "user_lengths", "user_values")}
+            b, u = len(row["labels"]), int(t.column("num_users")[r].as_py())
+            ul = row["user_lengths"].reshape(-1, u)
+            uoffs = np.concatenate([[0], np.cumsum(ul.reshape(-1))])
+            il = row["lengths"].reshape(-1, b)
+            ioffs = np.concatenate([[0], np.cumsum(il.reshape(-1))])
+            for i in range(b):
+                j = row["inverse"][i]
+                uids = tuple(tuple(row["user_values"][uoffs[f * u + j]:uoffs[f * u + j + 1]]) for f in range(ul.shape[0]))
+                iids = tuple(tuple(row["values"][ioffs[f * b + i]:ioffs[f * b + i + 1]]) for f in range(il.shape[0]))
+                out.append((float(row["labels"][i]), *np.round(row["user_dense"].reshape(u, -1)[j], 5),
+                            *np.round(row["dense"].reshape(b, -1)[i], 5), uids, iids))
+    return sorted(out)
+
+
+def test_fused_flat_reader_equals_the_split_operators_and_cuts_blocks(tmp_path):
+    table = _flat(3000, bad_labels=3)
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(table, path, row_group_size=700)
+    spec = _spec(tmp_path)
+    blocks = list(fused._flat_reader(str(path), 0, pq.ParquetFile(path).metadata.num_row_groups, spec, 64, 512)())
+    ref = TransformSpec.from_config(COLUMNS, IngestConfig(hash_size=97), tmp_path / "q-split")
+    split = transforms.sparse_transform(transforms.dense_transform(transforms.parse(table, ref), ref), ref)
+    expected = [transforms.batch(split.slice(lo, 64), ref) for lo in range(0, split.num_rows, 64)]
+    assert _samples(blocks) == _samples(expected)
+    assert len(blocks) == 6  # 3000 rows in blocks of 512
+    sizes = [n for b in blocks for n in b.column("num_samples").to_pylist()]
+    assert sum(sizes) == 2997 and max(sizes) == 64
+    assert transforms.count_quarantined(tmp_path / "q") == {"label missing or not 0/1": 3}
+
+
+def test_fused_session_reader_equals_the_split_operators_with_near_full_batches(tmp_path):
+    table = _flat(4000, seed=1)
+    users, samples, _ = dedup.convert_table(table, COLUMNS)
+    u, s = dedup.write_shard(users, samples, tmp_path, "part-00000", "sid")
+    spec = _spec(tmp_path)
+    blocks = list(fused._session_reader(str(u), str(s), spec, 128, 1024)())
+    whole = dedup.read_session_shard(str(u), str(s), COLUMNS)
+    split = fused.preprocess_sessions(whole, spec, 128)
+    assert _dedup_samples(blocks) == _dedup_samples([split])
+    assert len(blocks) >= 4
+    for block in blocks[:-1]:  # the shard's last block holds what is left
+        sizes = block.column("num_samples").to_pylist()
+        assert sum(sizes) <= 1024
+        # whole sessions up to the block size: the last batch is short by less than one session
+        assert all(n == 128 for n in sizes[:-1]) and sizes[-1] > 128 - 20
+
+
+def test_block_plan_defaults_to_eight_batches_capped_by_bytes():
+    ingest = IngestConfig(batch_size=1024)
+    assert fused.plan_blocks(ingest).rows == 8192
+    assert fused.plan_blocks(ingest, bytes_per_sample=4096).rows == 2048  # 8 MiB cap
+    assert fused.plan_blocks(ingest, bytes_per_sample=1 << 24).rows == 1024  # never below one batch
+    assert fused.plan_blocks(IngestConfig(block_rows=300)).describe() == "300 samples per block (config)"
+
+
+@pytest.mark.parametrize(("fusion", "policy", "expected"), [
+    ("auto", "static", True), ("auto", "rl", False), ("auto", "ray_default", False),
+    ("on", "rl", True), ("off", "static", False),
+])
+def test_fusion_is_on_unless_a_policy_steers_operators_one_by_one(fusion, policy, expected):
+    assert fused.fusion_enabled(IngestConfig(fusion=fusion), TunerConfig(policy=policy)) is expected
