@@ -185,7 +185,11 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             epochs=list((result.metrics or {}).get("epochs", [])),
             epoch_cache=dict(((result.metrics or {}).get("feed") or {}).get("caches", {})),
         )
-        _log_summary(client, run_id, summary, quarantined, log_model=job.tracking.log_model)
+        _log_summary(client, run_id, summary, quarantined)
+        if job.tracking.log_model:  # the pyfunc model a user loads for inference (train/export.py)
+            from dlrm_platform.train.export import log_job_model
+
+            log_job_model(client, run_id, job, summary.checkpoint_path, example_files=files.eval or files.train)
         status = "FINISHED"
         return summary
     except KeyboardInterrupt:
@@ -251,7 +255,7 @@ def _quiet_ray_data(verbose: bool) -> None:
     ctx.print_on_execution_start = verbose
 
 
-def _log_summary(client, run_id: str, summary: JobSummary, quarantined: dict[str, int], *, log_model: bool) -> None:
+def _log_summary(client, run_id: str, summary: JobSummary, quarantined: dict[str, int]) -> None:
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
@@ -271,8 +275,6 @@ def _log_summary(client, run_id: str, summary: JobSummary, quarantined: dict[str
     client.set_tag(run_id, "epoch_cache", describe_cache(summary.epoch_cache, summary.epochs)[:5000])
     if quarantined:
         client.log_dict(run_id, quarantined, "quarantine_counts.json")
-    if log_model and summary.checkpoint_path and Path(summary.checkpoint_path).is_dir():
-        client.log_artifacts(run_id, summary.checkpoint_path, artifact_path="model")
 
 
 # --------------------------------------------------------------------------- CLI
