@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dlrm_platform.config import JobConfig, RayClusterConfig, load_job_config
 from dlrm_platform.errors import UserError
+from dlrm_platform.paths import enforce_job_paths
 
 log = logging.getLogger("dlrm_platform.job")
 
@@ -131,6 +132,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     from dlrm_platform.train.trainer import run_training
 
     started = time.time()
+    enforce_job_paths(job)  # under the job service: every path inside its data/output roots (dlrm_platform.paths)
     files = validate_dataset(job.data)
     log.info("dataset %s: %d train files, %d eval files", job.data.path, len(files.train), len(files.eval))
     if files.bad_shards:

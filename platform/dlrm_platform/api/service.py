@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import threading
 import time
@@ -42,10 +43,14 @@ from dlrm_platform.api.schemas.requests import JobSubmitRequest
 from dlrm_platform.api.settings import ApiSettings
 from dlrm_platform.api.tracking import JOB_ID_TAG, USER_TAG, Tracker
 from dlrm_platform.config import ConfigError, JobConfig, apply_overrides
+from dlrm_platform.paths import DATA_ROOTS_ENV, OUTPUT_ROOTS_ENV, check_job_paths
 
 log = logging.getLogger(__name__)
 
 ACTIVE = (JobStatus.STARTING.value, JobStatus.RUNNING.value)
+# Fields the service sets on every attempt (job_overrides): a request may not choose them, or a user could
+# resume from, or log into, another user's checkpoint or MLflow run.
+SERVICE_FIELDS = (("train", "storage_path"), ("train", "resume_from"), ("tracking", "run_id"))
 NOT_TERMINAL = (JobStatus.QUEUED.value, *ACTIVE)
 
 
@@ -156,6 +161,8 @@ class JobService:
         self.clock = clock
         self.storage_root = settings.storage_dir.resolve()
         self.workdir = settings.job_workdir.resolve()
+        self.data_roots = [r if r.is_absolute() else self.workdir / r for r in settings.data_roots]
+        self.output_roots = [r if r.is_absolute() else self.workdir / r for r in settings.output_roots]
         self.key_cache = KeyCache(settings.auth_cache_ttl_s)
         self.view_cache = ViewCache(settings.view_cache_ttl_s)
         # (job id, user) -> the render in flight: concurrent polls of one job share one render
@@ -260,7 +267,28 @@ class JobService:
                     {"loc": ["body", "config", *path], "msg": f"{source}: {dotted}: {msg}", "type": e["type"]}
                 )
             raise InvalidRequest(errors) from None
+        self._check_request_paths(cfg, raw, source)
         return cfg.model_dump(mode="json")
+
+    def _check_request_paths(self, cfg: JobConfig, raw: dict[str, Any], source: str) -> None:
+        """422 for a service-managed field set by the request, or a path outside the data/output roots."""
+        errors = []
+        for section, name in SERVICE_FIELDS:
+            if isinstance(raw.get(section), dict) and raw[section].get(name) is not None:
+                errors.append({
+                    "loc": ["body", "config", section, name],
+                    "msg": f"{source}: {section}.{name}: set by the service for every attempt; not accepted "
+                    "in a request",
+                    "type": "value_error",
+                })
+        for problem in check_job_paths(cfg, self.data_roots, [*self.output_roots, self.storage_root], self.workdir):
+            errors.append({
+                "loc": ["body", "config", *problem.field.split(".")],
+                "msg": f"{source}: {problem.message}",
+                "type": "path_outside_roots",
+            })
+        if errors:
+            raise InvalidRequest(errors)
 
     def _read_config_file(self, path: Path) -> Any:
         """YAML of a named config, parsed once per version of the file (submissions are hot)."""
@@ -897,6 +925,9 @@ class JobService:
                 "MLFLOW_TRACKING_URI": self.settings.mlflow_tracking_uri,
                 "PYTHONUNBUFFERED": "1",
                 "DLRM_JOB_ID": job.id,
+                # The job checks its paths again before it starts (dlrm_platform.paths).
+                DATA_ROOTS_ENV: os.pathsep.join(str(r) for r in self.data_roots),
+                OUTPUT_ROOTS_ENV: os.pathsep.join(str(r) for r in [*self.output_roots, self.storage_root]),
             }
         }
         metadata = {"dlrm_job_id": job.id, "owner": job.owner, "attempt": str(job.attempt)}

@@ -39,6 +39,16 @@ class ApiSettings(BaseSettings):
     job_workdir: Path = Field(
         Path("."), description="relative paths in job configs (data.path, ...) resolve against this"
     )
+    data_roots: list[Path] = Field(
+        default_factory=lambda: [Path("data")],
+        description="inputs of submitted configs (data.path and its dedup copy, tuner.policy_path) must lie "
+        "under one of these (relative: against job_workdir; no '..', no symlink out); JSON list in the env var",
+    )
+    output_roots: list[Path] = Field(
+        default_factory=lambda: [Path("runs")],
+        description="outputs of submitted configs (tracking.runs_dir, ingest.cache.spill_dir) must lie under "
+        "one of these (storage_dir is always allowed); JSON list in the env var",
+    )
     job_python: str = Field(
         sys.executable, description="the interpreter of the environment that runs `dlrm-platform run`"
     )
