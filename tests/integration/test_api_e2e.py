@@ -171,6 +171,9 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
             "DLRM_API_CONFIGS_DIR": str(configs),
             "DLRM_API_STORAGE_DIR": str(root / "storage"),
             "DLRM_API_JOB_WORKDIR": str(ROOT),
+            # Config paths must lie under these (dlrm_platform.paths); the test's data and runs are in tmp.
+            "DLRM_API_DATA_ROOTS": json.dumps([str(root)]),  # data/ and its dedup copy data.dedup/
+            "DLRM_API_OUTPUT_ROOTS": json.dumps([str(root / "runs")]),
             "DLRM_API_MAX_RUNNING_JOBS": "3",
             "DLRM_API_MAX_RUNNING_PER_USER": "2",
             "DLRM_API_SCHEDULER_INTERVAL_S": "0.5",
