@@ -397,7 +397,7 @@ def measure_end_to_end(data: Data, rounds: int) -> dict[str, float]:
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
-    # The demo's budget on 2 CPUs: 1 for the trainer (this process), 1 for Ray Data (DESIGN.md).
+    # The demo's budget on 2 CPUs: 1 for the trainer (this process), 1 for Ray Data (ARCHITECTURE.md, "CPU budget").
     ctx.execution_options.resource_limits = ExecutionResources(cpu=1.0)
     trainers = {"plain": Trainer(job, False), "dedup": Trainer(job, True)}
 

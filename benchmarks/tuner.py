@@ -8,7 +8,7 @@
 
 The pipeline (YAML) has operators that *wait* for their cost (GIL-free), on a
 local Ray with many logical CPUs: on this 2-core machine that models a large
-host faithfully (DESIGN.md) - allocation, not the two real cores, decides
+host faithfully (ARCHITECTURE.md) - allocation, not the two real cores, decides
 throughput. ``--cluster multinode`` runs the same on a simulated multi-node
 cluster (``ray.cluster_utils.Cluster``).
 

@@ -25,7 +25,7 @@ def tuner_cluster():
 
     if ray.is_initialized():
         ray.shutdown()
-    # many logical CPUs on 2 cores: the operators wait rather than spin (DESIGN.md)
+    # many logical CPUs on 2 cores: the operators wait rather than spin (ARCHITECTURE.md)
     ray.init(address="local", num_cpus=12, object_store_memory=400 * 1024**2, include_dashboard=False,
              logging_level="WARNING", log_to_driver=False)
     from ray.data import DataContext

@@ -2,7 +2,7 @@
 
 Server: sqlite backend + local artifact store. The sqlite schema is created
 once, by :func:`init_backend_store`, before the server (or any client) starts:
-concurrent first-use migrations race (see DESIGN.md). Every write goes through
+concurrent first-use migrations race (ARCHITECTURE.md, "MLflow on sqlite"). Every write goes through
 the server.
 
 Client: the service creates one MLflow run per job (tagged with the job id and

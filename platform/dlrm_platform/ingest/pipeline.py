@@ -12,7 +12,7 @@ picks plain or dedup, fused or split.
 The result streams packed batches (``ingest.batching``) into Ray Train through
 ``streaming_split``. The CPU budget is explicit: Ray Data gets ``data_cpus``
 (by default the cluster's CPUs minus the trainers'), so the pipeline and the
-trainers never wait on each other's reservations (DESIGN.md: on 2 CPUs,
+trainers never wait on each other's reservations (ARCHITECTURE.md, "CPU budget": on 2 CPUs,
 trainers asking 1 CPU each otherwise starve Ray Data and the run hangs).
 """
 

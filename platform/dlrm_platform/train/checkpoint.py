@@ -36,7 +36,7 @@ class TrainProgress:
 
     ``epoch`` is the epoch the checkpoint was taken in; ``epoch_complete``
     says whether it was taken at that epoch's end. Consumption is
-    at-least-once (DESIGN.md): resuming from a mid-epoch checkpoint replays
+    at-least-once (ARCHITECTURE.md, "At-least-once consumption"): resuming from a mid-epoch checkpoint replays
     that epoch from its start, because which rows a worker receives from
     ``streaming_split`` is not deterministic; ``samples_in_epoch`` records
     how many would be replayed. Totals count every sample trained on,

@@ -1,7 +1,7 @@
 """The only module of the platform that touches Ray Data internals.
 
 Ray 2.60 has no public API for changing an operator's concurrency while a
-dataset streams, so the tuner uses these private hooks (DESIGN.md lists them):
+dataset streams, so the tuner uses these private hooks (ARCHITECTURE.md, "Private Ray Data hooks"):
 
 * ``ExecutionCallback`` (registered through the public
   ``DataContext.custom_execution_callback_classes``): ``before_execution_starts``
@@ -20,7 +20,7 @@ dataset streams, so the tuner uses these private hooks (DESIGN.md lists them):
 
 While a tuning policy controls, Ray's per-operator reservation
 (``op_resource_reservation_enabled``) is switched off: its budgets override a
-raised allocation (DESIGN.md). The tuner's masks then keep the allocation
+raised allocation (ARCHITECTURE.md, "Private Ray Data hooks"). The tuner's masks then keep the allocation
 inside the CPU budget and its memory guard keeps object-store use under the
 limit. ``ray_default`` leaves all of Ray's mechanisms alone and only observes.
 

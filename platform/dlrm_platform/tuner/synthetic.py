@@ -3,7 +3,7 @@
 Each operator waits (``time.sleep``, GIL-free) for its cost per row instead of
 spinning: on a 2-core machine, giving Ray many logical CPUs and letting
 operators wait models a large machine faithfully, so that *allocation* decides
-throughput (DESIGN.md). An operator may sit behind a storage service with a
+throughput (ARCHITECTURE.md, "Modelling a large machine on 2 cores"). An operator may sit behind a storage service with a
 fixed number of channels (``storage_channels``): past that many concurrent
 tasks, more slots only wait longer - the sublinear scaling of real I/O that a
 linear per-core model does not predict. Costs can be changed while the
