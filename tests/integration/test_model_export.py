@@ -36,10 +36,14 @@ def data_root(tmp_path_factory):
 
 
 @pytest.fixture
-def tracking_uri_restored():
-    before = mlflow.get_tracking_uri()
+def tracking_uri_restored(monkeypatch):
+    """mlflow.set_tracking_uri sets a module global and $MLFLOW_TRACKING_URI (which the next job would
+    follow): both go back to what they were after the test."""
+    from mlflow.tracking._tracking_service import utils
+
+    monkeypatch.setattr(utils, "_tracking_uri", utils._tracking_uri)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     yield
-    mlflow.set_tracking_uri(before)
 
 
 @pytest.mark.parametrize("variant", [
@@ -56,6 +60,7 @@ def test_logged_model_scores_the_eval_split_to_the_jobs_auc(ray_cluster, data_ro
     ])
     summary = run_job(job)
     assert 0.5 < summary.auc <= 1.0
+    assert summary.mlflow_tracking_uri == f"sqlite:///{(tmp_path / 'runs' / 'mlflow.db').resolve()}"
 
     mlflow.set_tracking_uri(summary.mlflow_tracking_uri)
     model = mlflow.pyfunc.load_model(f"runs:/{summary.mlflow_run_id}/model")
