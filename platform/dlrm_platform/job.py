@@ -129,6 +129,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     from dlrm_platform.ingest.pipeline import cpu_budget, execution_options
     from dlrm_platform.ingest.source import validate_dataset
     from dlrm_platform.ingest.transforms import count_quarantined
+    from dlrm_platform.train.checkpoint import check_checkpoint_storage, estimate_checkpoint_bytes
     from dlrm_platform.train.trainer import run_training
 
     started = time.time()
@@ -138,6 +139,9 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     if files.bad_shards:
         log.warning("data.on_bad_shard: skip: training without %d unreadable shard(s): %s", len(files.bad_shards),
                     ", ".join(str(b.path) for b in files.bad_shards))
+    # Before Ray or MLflow: checkpoints must be writable where they go, with room for them.
+    check_checkpoint_storage(job.train.storage_path or str(job.tracking.runs_dir.resolve() / "ray_results"),
+                             need_bytes=estimate_checkpoint_bytes(job))
 
     tracking_uri = tracking.resolve_tracking_uri(job.tracking)
     run_id = tracking.start_job_run(job, tracking_uri, config_source=config_source, run_id=job.tracking.run_id)
@@ -152,7 +156,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             budget = cpu_budget(job, float(ray.cluster_resources().get("CPU", 0)))
             log.info("CPU budget: %s", budget.describe())
             client.log_param(run_id, "cpu_budget", budget.describe())
-            datasets, tuner_handle = _build_tuned_datasets(job, files, quarantine_dir, budget.data)
+            datasets, tuner_handle = build_tuned_datasets(job, files, quarantine_dir, budget.data)
             try:
                 client.log_param(run_id, "pipeline", datasets.describe())
                 result = run_training(
@@ -201,7 +205,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
         client.set_terminated(run_id, status=status)
 
 
-def _build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus: float):
+def build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus: float):
     """The job's pipelines with the tuner installed on the train pipeline.
 
     Fused (``ingest.fusion``): one read operator does read..batch; the tuner

@@ -70,7 +70,14 @@ from torchrec.datasets.utils import Batch
 
 from dlrm_platform.config import JobConfig
 from dlrm_platform.ingest.dedup_batching import packed_batch_stats
-from dlrm_platform.train.checkpoint import TrainProgress, load_checkpoint, read_progress, save_checkpoint
+from dlrm_platform.train.checkpoint import (
+    CheckpointWriteError,
+    TrainProgress,
+    load_checkpoint,
+    read_progress,
+    save_checkpoint,
+    usable_checkpoint,
+)
 from dlrm_platform.train.feed import ShardFeeder
 from dlrm_platform.train.metrics import auc, logloss_from_logits
 from dlrm_platform.train.dedup_model import batch_codec, build_job_model
@@ -533,9 +540,16 @@ class Worker:
         p = self.progress
         name = f"checkpoint_e{p.epoch:03d}_s{p.global_step:08d}" + ("_end" if p.epoch_complete else "")
         with tempfile.TemporaryDirectory(prefix="dlrm-ckpt-") as tmp:
-            save_checkpoint(tmp, self.model, self.dense_optimizer, self.progress)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                             checkpoint_dir_name=name)
+            save_checkpoint(tmp, self.model, self.dense_optimizer, self.progress)  # CheckpointWriteError
+            try:
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                                 checkpoint_dir_name=name)
+            except OSError as err:  # the upload into storage: disk full, not writable
+                storage = ray.train.get_context().get_storage().experiment_fs_path
+                raise CheckpointWriteError(
+                    f"cannot persist checkpoint {name} into {storage}/{name} (train.storage_path): "
+                    f"{type(err).__name__}: {err}"
+                ) from err
 
     def restore(self, path: str) -> None:
         self.progress = load_checkpoint(path, self.model, self.dense_optimizer)
@@ -547,14 +561,21 @@ class Worker:
                      self.progress.global_step, replay)
 
 
-def _latest_checkpoint_dir(job: JobConfig) -> contextlib.AbstractContextManager[str | None]:
-    """Ray Train's latest checkpoint (after a failure), else ``train.resume_from``, else None."""
+@contextlib.contextmanager
+def _latest_checkpoint_dir(job: JobConfig) -> Iterator[str | None]:
+    """Ray Train's latest checkpoint (after a failure), else ``train.resume_from``, else None.
+
+    Only an intact checkpoint is used: a truncated or incomplete one falls back to the
+    newest intact one beside it (:func:`~.checkpoint.usable_checkpoint`).
+    """
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
-        return checkpoint.as_directory()
-    return contextlib.nullcontext(job.train.resume_from)
+        with checkpoint.as_directory() as path:
+            yield usable_checkpoint(path)
+        return
+    yield usable_checkpoint(job.train.resume_from) if job.train.resume_from else None
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
