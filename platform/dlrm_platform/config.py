@@ -243,6 +243,10 @@ class IngestConfig(StrictModel):
         default=None, gt=0, description="CPUs for Ray Data; default: the cluster's CPUs minus the trainers'"
     )
     prefetch_batches: int = Field(2, ge=0, description="batches each trainer prefetches ahead")
+    read_ahead: bool = Field(
+        True, description="read each pass (next epoch, eval) from worker start-up on, ahead of the trainer "
+        "(train/feed.py); false: a pass starts when the trainer asks for it"
+    )
     operators: OperatorsConfig = Field(default_factory=OperatorsConfig)
     fusion: Literal["auto", "on", "off"] = Field(
         "auto",

@@ -25,6 +25,7 @@ from pathlib import Path
 from dlrm_platform.config import JobConfig, RayClusterConfig, load_job_config
 from dlrm_platform.errors import UserError
 from dlrm_platform.paths import enforce_job_paths
+from dlrm_platform.redact import redact_text
 
 log = logging.getLogger("dlrm_platform.job")
 
@@ -146,7 +147,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     tracking_uri = tracking.resolve_tracking_uri(job.tracking)
     run_id = tracking.start_job_run(job, tracking_uri, config_source=config_source, run_id=job.tracking.run_id)
     client = MlflowClient(tracking_uri)
-    log.info("MLflow run %s at %s", run_id, tracking_uri)
+    log.info("MLflow run %s at %s", run_id, redact_text(tracking_uri))
     runs_dir = job.tracking.runs_dir.resolve()
     quarantine_dir = runs_dir / "quarantine" / run_id
     status = "FAILED"
@@ -310,7 +311,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         cmd[0] = str(mlflow_bin)
     elif shutil.which("mlflow") is None:
         raise UserError("mlflow is not installed in this environment; run `make install`")
-    print("serving", tracking.resolve_tracking_uri(cfg), f"at http://127.0.0.1:{args.port}", flush=True)
+    print("serving", redact_text(tracking.resolve_tracking_uri(cfg)), f"at http://127.0.0.1:{args.port}", flush=True)
     return subprocess.call(cmd)
 
 

@@ -222,3 +222,15 @@ def test_epoch_cache_replay_orders_differ_by_seed(tmp_path):
     assert Counter(a) == Counter(range(80))
     cache.close()
     assert cache.num_batches == 0 and np.isclose(cache.memory_bytes, 0)
+
+
+def test_without_read_ahead_a_pass_starts_only_when_the_trainer_asks(tmp_path):
+    shard = FakeShard(_batches(4))
+    job = _job(tmp_path, mode="off")
+    job = job.model_copy(update={"ingest": job.ingest.model_copy(update={"read_ahead": False})})
+    with ShardFeeder(job, {"train": (shard, [])}, _order(2), tmp_path) as feeder:
+        assert not feeder._passes[("train", 0)].finished.wait(0.3)  # nothing read before asked
+        assert shard.epochs == 0
+        assert len(_ids(feeder.tables("train", 0))) == 16
+        feeder.decide("train", lambda v: v)
+        assert len(_ids(feeder.tables("train", 1))) == 16

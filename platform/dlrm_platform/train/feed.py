@@ -50,6 +50,7 @@ from dlrm_platform.errors import UserError
 
 __all__ = [
     "CacheOverflow",
+    "Decoded",
     "EpochCache",
     "PassStats",
     "ShardFeeder",
@@ -60,6 +61,13 @@ __all__ = [
 log = logging.getLogger("dlrm_platform.train")
 
 _MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A packed batch already turned into what the trainer consumes (``ShardFeeder.decode``'s result)."""
+
+    value: Any
 
 
 class CacheOverflow(UserError):
@@ -120,7 +128,7 @@ class EpochCache:
         self.config = config
         self.key = key
         self.spill_dir = Path(spill_dir) / f"{name}-{key}"
-        self._memory: list[pa.Table | None] = []  # None where the batch was spilled
+        self._memory: list[pa.Table | Decoded | None] = []  # None where the batch was spilled
         self._spilled: dict[int, int] = {}  # batch position -> record batch index in the spill file
         self._writer: pa.ipc.RecordBatchFileWriter | None = None
         self._reader: pa.ipc.RecordBatchFileReader | None = None
@@ -143,13 +151,17 @@ class EpochCache:
     def spill_path(self) -> Path:
         return self.spill_dir / "batches.arrow"
 
-    def add(self, table: pa.Table) -> str:
-        """Keep ``table``: returns ``"memory"``, ``"disk"`` or ``""`` (not kept: cache off or abandoned)."""
+    def add(self, table: pa.Table, decoded: Decoded | None = None) -> str:
+        """Keep ``table``: returns ``"memory"``, ``"disk"`` or ``""`` (not kept: cache off or abandoned).
+
+        In memory the cache keeps ``decoded`` when given (the trainer's tensors, about the
+        table's size: a replay then costs no unpacking), else the table; on disk, the table.
+        """
         if self.abandoned or self.complete:
             return ""
         size = int(table.nbytes)
         if self.memory_bytes + size <= self.config.memory_mb * _MB:
-            self._memory.append(table)
+            self._memory.append(decoded if decoded is not None else table)
             self.memory_bytes += size
             self._count(table)
             return "memory"
@@ -196,8 +208,8 @@ class EpochCache:
         self.abandoned, self.complete, self.reason = True, False, reason
         self.close()
 
-    def replay(self, seed: int) -> Iterator[pa.Table]:
-        """Every kept batch once, in an order drawn from ``seed``."""
+    def replay(self, seed: int) -> Iterator[pa.Table | Decoded]:
+        """Every kept batch once (a table, or what :meth:`add` was given decoded), in an order drawn from ``seed``."""
         if not self.complete:
             raise RuntimeError(f"epoch cache {self.name} is not complete")
         if self._spilled and self._reader is None:
@@ -254,23 +266,25 @@ class _Pass:
 
     def __init__(self, name: str, epoch: int, max_ahead_bytes: int) -> None:
         self.stats = PassStats(name, epoch)
-        self._items: deque[tuple[pa.Table, bool]] = deque()  # (table, counts against the bound)
+        self._items: deque[tuple[Any, int]] = deque()  # (table or Decoded, bytes counted against the bound)
         self._ahead_bytes = 0
         self._max_ahead = max_ahead_bytes
         self._done = False
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self.finished = threading.Event()  # the producer is done with this pass
+        self.requested = threading.Event()  # the trainer asked for this pass
 
     # producer
-    def put(self, table: pa.Table, bounded: bool, stop: threading.Event) -> bool:
-        size = int(table.nbytes) if bounded else 0
+    def put(self, item: Any, nbytes: int, bounded: bool, stop: threading.Event) -> bool:
+        """Hand ``item`` over; a ``bounded`` one (not held by the cache) waits while too much is ahead."""
+        size = nbytes if bounded else 0
         with self._cond:
-            while bounded and self._ahead_bytes and self._ahead_bytes + size > self._max_ahead:
+            while size and self._ahead_bytes and self._ahead_bytes + size > self._max_ahead:
                 if stop.is_set():
                     return False
                 self._cond.wait(0.1)
-            self._items.append((table, bounded))
+            self._items.append((item, size))
             self._ahead_bytes += size
             self._cond.notify_all()
         return True
@@ -283,14 +297,14 @@ class _Pass:
 
     # consumer
     def tables(self) -> Iterator[pa.Table]:
+        self.requested.set()
         while True:
             with self._cond:
                 while not self._items and not self._done:
                     self._cond.wait()
                 if self._items:
-                    table, bounded = self._items.popleft()
-                    if bounded:
-                        self._ahead_bytes -= int(table.nbytes)
+                    table, size = self._items.popleft()
+                    self._ahead_bytes -= size
                     self._cond.notify_all()
                 elif self._error is not None:
                     raise self._error
@@ -331,6 +345,7 @@ class ShardFeeder:
     limits: dict[str, int | None] = field(default_factory=dict)
     prefetch_batches: int = 2
     max_ahead_bytes: int = 256 * _MB
+    decode: Callable[[pa.Table], Any] | None = None  # table -> what the trainer consumes, run on this thread
     clock: Callable[[], float] = time.perf_counter
 
     def __post_init__(self) -> None:
@@ -340,7 +355,8 @@ class ShardFeeder:
             key = f"{batch_fingerprint(self.job, files)}-rank{self.rank}"
             self._datasets[name] = _Dataset(name, shard, list(files), EpochCache(name, cache_cfg, self.spill_dir, key),
                                             fingerprint=input_fingerprint(files))
-        self._passes = {p: _Pass(*p, self.max_ahead_bytes) for p in self.order}
+        ahead = self.max_ahead_bytes if self.job.ingest.read_ahead else 0  # off: one batch ahead at most
+        self._passes = {p: _Pass(*p, ahead) for p in self.order}
         self._decided = {name: threading.Event() for name in self._datasets}
         self._stop = threading.Event()
         self._t0 = self.clock()
@@ -349,8 +365,8 @@ class ShardFeeder:
 
     # ----------------------------------------------------------------- training thread
 
-    def tables(self, name: str, epoch: int) -> Iterator[pa.Table]:
-        """The packed batches of pass ``(name, epoch)``, as the feeder reads them."""
+    def tables(self, name: str, epoch: int) -> Iterator[pa.Table | Decoded]:
+        """The packed batches of pass ``(name, epoch)`` as the feeder reads them (:class:`Decoded` with ``decode``)."""
         return self._passes[(name, epoch)].tables()
 
     def stats(self, name: str, epoch: int) -> PassStats:
@@ -413,6 +429,10 @@ class ShardFeeder:
                 return
             p = self._passes[(name, epoch)]
             ds = self._datasets[name]
+            if not self.job.ingest.read_ahead:  # ingest.read_ahead off: start a pass when it is asked for
+                while not p.requested.wait(0.1):
+                    if self._stop.is_set():
+                        return
             try:
                 if name in seen:
                     while not self._decided[name].wait(0.1):
@@ -438,8 +458,9 @@ class ShardFeeder:
             if table is None:
                 break
             self._record(p, table)
-            kept = ds.cache.add(table) if first_pass else ""
-            if not p.put(table, bounded=kept != "memory", stop=self._stop):
+            item = self._decode(table)
+            kept = ds.cache.add(table, item if isinstance(item, Decoded) else None) if first_pass else ""
+            if not p.put(item, int(table.nbytes), bounded=kept != "memory", stop=self._stop):
                 return
         p.stats.source_s = self.clock() - p.stats.started_s
         if first_pass:
@@ -448,12 +469,19 @@ class ShardFeeder:
 
     def _feed_replay(self, p: _Pass, ds: _Dataset, epoch: int) -> None:
         p.stats.source, p.stats.started_s = "cache", self.clock()
-        for table in ds.cache.replay(seed=self.job.train.seed * 1_000_003 + epoch * 7919 + self.rank):
-            self._record(p, table)
-            if not p.put(table, bounded=False, stop=self._stop):
+        for entry in ds.cache.replay(seed=self.job.train.seed * 1_000_003 + epoch * 7919 + self.rank):
+            item = entry if isinstance(entry, Decoded) else self._decode(entry)
+            p.stats.first_batch_s = p.stats.first_batch_s if p.stats.first_batch_s is not None else \
+                self.clock() - p.stats.started_s
+            p.stats.batches += 1
+            if not p.put(item, 0, bounded=False, stop=self._stop):
                 return
+        p.stats.samples = ds.cache.samples
         p.stats.source_s = self.clock() - p.stats.started_s
         p.finish()
+
+    def _decode(self, table: pa.Table) -> pa.Table | Decoded:
+        return Decoded(self.decode(table)) if self.decode is not None else table
 
     def _record(self, p: _Pass, table: pa.Table) -> None:
         if p.stats.first_batch_s is None:

@@ -78,7 +78,7 @@ from dlrm_platform.train.checkpoint import (
     save_checkpoint,
     usable_checkpoint,
 )
-from dlrm_platform.train.feed import ShardFeeder
+from dlrm_platform.train.feed import Decoded, ShardFeeder
 from dlrm_platform.train.metrics import auc, logloss_from_logits
 from dlrm_platform.train.dedup_model import batch_codec, build_job_model
 from dlrm_platform.train.model import build_dense_optimizer
@@ -219,8 +219,11 @@ class BatchPrefetcher:
         return table
 
     def _assemble(self, table: Any, stream: Any) -> tuple[Any, dict[str, float], Any]:
-        batch = self._unpack(table)  # host tensors
-        stats = packed_batch_stats(table)
+        if isinstance(table, Decoded):  # unpacked by the feeder (once, then kept by the epoch cache)
+            batch, stats = table.value
+        else:
+            batch = self._unpack(table)  # host tensors
+            stats = packed_batch_stats(table)
         if self._device.type != "cuda":
             return batch, stats, None
         if stream is None:  # synchronous mode
@@ -619,6 +622,7 @@ def _start_feeder(loop: LoopConfig, rank: int, checkpoint_path: str | None) -> S
     names = ("train", "eval") if loop.has_eval else ("train",)
     shards = {n: (ray.train.get_dataset_shard(n), loop.dataset_files.get(n, [])) for n in names}
     spill = loop.cache_dir or (str(job.ingest.cache.spill_dir) if job.ingest.cache.spill_dir else None)
+    unpack = batch_codec(job, torch.device("cpu"))[0]  # host tensors; the prefetcher copies to the device
     return ShardFeeder(
         job=job,
         shards=shards,
@@ -627,6 +631,9 @@ def _start_feeder(loop: LoopConfig, rank: int, checkpoint_path: str | None) -> S
         rank=rank,
         limits={"train": job.train.max_steps_per_epoch},
         prefetch_batches=job.ingest.prefetch_batches,
+        # Unpack on the feeder's thread, ahead (during the model build in epoch 0): a replayed
+        # epoch then hands over ready tensors, and the trainer's thread never waits on an unpack.
+        decode=lambda table: (unpack(table), packed_batch_stats(table)),
     )
 
 

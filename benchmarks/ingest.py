@@ -1,0 +1,322 @@
+"""Ingestion benchmark: does the pipeline keep up with the trainer? Before and after, side by side in one run.
+
+    .venv/bin/python benchmarks/ingest.py [--quick] [--json PATH] [--workdir DIR]
+
+On the demo data (``configs/demo.yaml``, 160k samples in sessions of ~8) and
+on Criteo-shaped synthetic data (13 dense, 26 categorical features, the
+Criteo Kaggle MLPs and batch size), for the plain and the dedup path:
+
+* ``inprocess_sps_per_cpu``   the same transforms in this process, no Ray: read
+                              Parquet -> parse -> dense -> sparse -> batch, per
+                              CPU-second (the ceiling);
+* ``pipeline_sps_per_cpu``    the job's Ray Data pipeline alone (no trainer) on a
+                              fresh local cluster of 2 CPUs with the demo's data
+                              budget of 1 CPU, per CPU of that budget: the warm
+                              epoch (epoch 1), and the cold first epoch apart;
+                              ``before`` = today's settings by config (operators
+                              split, the config's concurrency), ``after`` = the
+                              defaults (fused, planned blocks);
+* ``job_*``                   a full ``dlrm-platform run`` (2 and 5 epochs):
+                              data-wait fraction and samples/s over the job, per
+                              epoch data wait and first-batch latency; before =
+                              ``--set ingest.fusion=off ingest.cache.mode=off
+                              ingest.read_ahead=false``, after = the defaults;
+* ablation                    (demo, 2 epochs) each mechanism alone on top of
+                              "before", to say which bought how much.
+
+One mechanism is code, not config, so "before" cannot switch it off: Ray Data
+workers no longer import torch and torchrec (the unpacking moved to
+``train/batches.py``). The benchmark measures what that import costs a fresh
+worker process, which every worker paid before its first block.
+
+Timing: wall clock on a 2-core machine shared with other work; compare the
+ratios within one run. Prints the CPU features it found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "platform"))
+
+BEFORE = ["ingest.fusion=off", "ingest.cache.mode=off", "ingest.read_ahead=false"]
+ABLATION = {
+    "before + fusion": ["ingest.cache.mode=off", "ingest.read_ahead=false"],
+    "before + read-ahead": ["ingest.fusion=off", "ingest.cache.mode=off"],
+    "before + epoch cache": ["ingest.fusion=off", "ingest.read_ahead=false"],
+}
+TARGETS = {"pipeline_vs_inprocess": 0.5, "job_wait_2ep": 0.10, "job_wait_later_epochs": 0.05, "job_speedup": 4.0}
+CLI = str(Path(sys.executable).with_name("dlrm-platform"))
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cpu_report() -> dict[str, Any]:
+    from dlrm_platform.train.perf import cpu_flags
+
+    flags = cpu_flags()
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), "unknown")
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "avx2": "avx2" in flags,
+        "avx512f": "avx512f" in flags,
+        "native_bf16": sorted(f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in flags),
+        "gpu": False,
+    }
+
+
+# --------------------------------------------------------------------------- data
+
+
+def demo_overrides(workdir: Path, samples: int) -> list[str]:
+    return [f"data.path={workdir / 'demo'}", f"data.synthetic.num_sessions={max(2, samples // 8)}",
+            f"tracking.runs_dir={workdir / 'runs'}"]
+
+
+def criteo_overrides(workdir: Path, samples: int) -> list[str]:
+    """Criteo-shaped sessions: 13 dense, 26 categorical (+ a short history), Criteo's MLPs and batch size."""
+    user_dense = [f"u_dense_{i}" for i in range(6)]
+    item_dense = [f"i_dense_{i}" for i in range(7)]
+    user_cat = [f"u_cat_{i}" for i in range(13)]
+    item_cat = [f"i_cat_{i}" for i in range(13)]
+    return [
+        f"data.path={workdir / 'criteo_shaped'}",
+        f"data.columns.user.dense={json.dumps(user_dense)}",
+        f"data.columns.item.dense={json.dumps(item_dense)}",
+        f"data.columns.user.categorical={json.dumps(user_cat)}",
+        f"data.columns.item.categorical={json.dumps(item_cat)}",
+        f"data.synthetic.num_sessions={max(2, samples // 8)}",
+        "data.synthetic.num_user_dense=6", "data.synthetic.num_item_dense=7",
+        "data.synthetic.num_user_categorical=13", "data.synthetic.num_item_categorical=13",
+        "data.synthetic.history_length=[1, 5]", "ingest.max_history_length=5",
+        "ingest.batch_size=2048", "train.bottom_mlp=[512, 256, 64, 16]", "train.top_mlp=[512, 256, 1]",
+        "train.learning_rate=0.015", "train.embedding_learning_rate=0.015",
+        f"tracking.runs_dir={workdir / 'runs'}",
+    ]
+
+
+def load(overrides: list[str]):
+    from dlrm_platform.config import load_job_config
+
+    return load_job_config(ROOT / "configs" / "demo.yaml", overrides)
+
+
+def ensure_data(job) -> None:
+    from dlrm_platform.ingest.synthetic import generate_dataset
+
+    if not (job.data.path / "train").is_dir():
+        generate_dataset(job.data, overwrite=True, progress=False)
+
+
+# --------------------------------------------------------------------------- in process
+
+
+def inprocess(job, quarantine: Path) -> dict[str, float]:
+    """Samples per CPU-second of read + the four transforms in this process (best of 2 passes)."""
+    import pyarrow.parquet as pq
+
+    from dlrm_platform.ingest import dedup, fused
+    from dlrm_platform.ingest.source import validate_dataset
+    from dlrm_platform.ingest.transforms import TransformSpec
+
+    files = validate_dataset(job.data)
+    spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine)
+    if job.dedup_enabled:
+        pairs, _ = dedup.dedup_job_shards(job, files.train, files.eval)
+    best = 0.0
+    for _ in range(2):
+        start, n = time.process_time(), 0
+        if job.dedup_enabled:
+            for u, s in pairs:
+                out = fused.preprocess_sessions(dedup.read_session_shard(u, s, job.data.columns, str(quarantine)),
+                                                spec, job.ingest.batch_size)
+                n += sum(out.column("num_samples").to_pylist())
+        else:
+            for f in files.train:
+                out = fused.preprocess_flat(pq.read_table(f, columns=job.data.columns.columns), spec,
+                                            job.ingest.batch_size)
+                n += sum(out.column("num_samples").to_pylist())
+        best = max(best, n / max(time.process_time() - start, 1e-9))
+    return {"inprocess_sps_per_cpu": best}
+
+
+# --------------------------------------------------------------------------- pipeline alone
+
+
+def pipeline_alone(job, quarantine: Path, data_cpus: float = 1.0) -> dict[str, float]:
+    """The job's train pipeline, built as ``run`` builds it (tuner included), on a fresh 2-CPU cluster with
+    ``data_cpus`` for Ray Data: 2 epochs, no trainer."""
+    import ray
+    from ray.data import DataContext, ExecutionOptions, ExecutionResources
+
+    from dlrm_platform.ingest.source import validate_dataset
+    from dlrm_platform.job import build_tuned_datasets
+
+    files = validate_dataset(job.data)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        DataContext.get_current().enable_progress_bars = False
+        DataContext.get_current().print_on_execution_start = False
+        out: dict[str, float] = {}
+        for epoch in range(2):
+            datasets, handle = build_tuned_datasets(job, files, quarantine, data_cpus)
+            ds = datasets.train
+            ds.context.execution_options = ExecutionOptions(resource_limits=ExecutionResources(cpu=data_cpus))
+            start, first, n = time.perf_counter(), None, 0
+            for t in ds.iter_batches(batch_size=1, batch_format="pyarrow", prefetch_batches=2):
+                if first is None:
+                    first = time.perf_counter() - start
+                n += int(t.column("num_samples")[0].as_py())
+            elapsed = time.perf_counter() - start
+            if handle is not None:
+                handle.close()
+            tag = "cold" if epoch == 0 else "warm"
+            out[f"{tag}_sps"] = n / elapsed
+            out[f"{tag}_first_batch_s"] = first or 0.0
+        out["pipeline_sps_per_cpu"] = out["warm_sps"] / data_cpus
+        out["pipeline"] = datasets.describe()
+        return out
+    finally:
+        ray.shutdown()
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def run_job(overrides: list[str], epochs: int, workdir: Path, label: str) -> dict[str, Any]:
+    out = workdir / f"summary-{abs(hash((label, epochs, tuple(overrides))))}.json"
+    cmd = [CLI, "run", str(ROOT / "configs" / "demo.yaml"), "--summary-json", str(out),
+           "--set", f"train.epochs={epochs}"]
+    for o in overrides:
+        cmd += ["--set", o]
+    log(f"  job {label}, {epochs} epochs ...")
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"job {label} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    s = json.loads(out.read_text())
+    return {
+        "job_data_wait_fraction": s["data_wait_fraction"],
+        "job_samples_per_s": s["samples_per_s"],
+        "auc": s["auc"],
+        "epoch_data_wait_fraction": [e["data_wait_fraction"] for e in s.get("epochs", [])],
+        "first_batch_latency_s": [e["first_batch_latency_s"] for e in s.get("epochs", [])],
+        "epoch_source": [e["source"] for e in s.get("epochs", [])],
+        "pipeline": s.get("pipeline", ""),
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def import_cost() -> dict[str, float]:
+    """Seconds a fresh worker process spends importing what its first task needs, old module set vs new."""
+    def timed(code: str) -> float:
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    base = timed("import ray.data, pyarrow.parquet")
+    return {
+        "worker_import_with_torch_s": timed("import ray.data, pyarrow.parquet, torch, torchrec") - base,
+        "worker_import_ingest_s": timed("import ray.data, pyarrow.parquet, dlrm_platform.ingest.fused") - base,
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.0f}"
+    if isinstance(v, list):
+        return "[" + ", ".join(fmt(x) for x in v) + "]"
+    return str(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="demo dedup only: pipeline and 2-epoch jobs")
+    ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--workdir", type=Path, help="data and runs (default: a temporary directory)")
+    ap.add_argument("--samples", type=int, default=160_000, help="samples per dataset (demo: 160k)")
+    args = ap.parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dlrm-ingest-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"cpu": cpu_report(), "targets": TARGETS, "datasets": {}}
+    print("CPU:", json.dumps(report["cpu"]), flush=True)
+    report["worker_import"] = import_cost()
+    print("worker cold start (import on top of ray.data + pyarrow): with torch+torchrec "
+          f"{report['worker_import']['worker_import_with_torch_s']:.2f} s, ingest modules only "
+          f"{report['worker_import']['worker_import_ingest_s']:.2f} s", flush=True)
+
+    datasets = {"demo": demo_overrides(workdir, args.samples)}
+    if not args.quick:
+        datasets["criteo_shaped"] = criteo_overrides(workdir, args.samples * 3 // 4)
+    for name, base in datasets.items():
+        ensure_data(load(base))
+        for path in (("dedup",) if args.quick else ("dedup", "plain")):
+            over = base + [f"ingest.dedup={'true' if path == 'dedup' else 'false'}"]
+            job = load(over)
+            key = f"{name}/{path}"
+            log(f"== {key}")
+            row: dict[str, Any] = inprocess(job, workdir / "q" / key)
+            for label, extra in (("before", BEFORE), ("after", [])):
+                row[f"pipeline_{label}"] = pipeline_alone(load(over + extra), workdir / "q" / key)
+            row["pipeline_vs_inprocess"] = {
+                k: row[f"pipeline_{k}"]["pipeline_sps_per_cpu"] / row["inprocess_sps_per_cpu"] for k in ("before", "after")}
+            epoch_counts = (2,) if args.quick or name != "demo" or path != "dedup" else (2, 5)
+            for epochs in epoch_counts:
+                row[f"job_{epochs}ep_before"] = run_job(over + BEFORE, epochs, workdir, f"{key} before")
+                row[f"job_{epochs}ep_after"] = run_job(over, epochs, workdir, f"{key} after")
+                row[f"job_{epochs}ep_speedup"] = (row[f"job_{epochs}ep_after"]["job_samples_per_s"]
+                                                  / row[f"job_{epochs}ep_before"]["job_samples_per_s"])
+            if name == "demo" and path == "dedup" and not args.quick:
+                row["ablation_2ep"] = {label: run_job(over + extra, 2, workdir, f"{key} {label}")
+                                       for label, extra in ABLATION.items()}
+            report["datasets"][key] = row
+            print_row(key, row)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, default=float))
+        print(f"written to {args.json}")
+    return 0
+
+
+def print_row(key: str, row: dict[str, Any]) -> None:
+    print(f"\n== {key}")
+    print(f"  in process (ceiling)        {row['inprocess_sps_per_cpu']:>10,.0f} samples/s per CPU")
+    for label in ("before", "after"):
+        p = row[f"pipeline_{label}"]
+        print(f"  pipeline alone, {label:<6}      {p['pipeline_sps_per_cpu']:>10,.0f} samples/s per CPU "
+              f"({row['pipeline_vs_inprocess'][label]:.2f}x the ceiling); cold epoch {p['cold_sps']:,.0f}/s, "
+              f"first batch {p['cold_first_batch_s']:.2f} s cold, {p['warm_first_batch_s']:.2f} s warm")
+    for k in sorted(k for k in row if k.startswith("job_") and k.endswith(("before", "after"))):
+        j = row[k]
+        print(f"  {k:<20} wait {j['job_data_wait_fraction']:.3f} per epoch {fmt(j['epoch_data_wait_fraction'])}, "
+              f"{j['job_samples_per_s']:>8,.0f} samples/s, first batch {fmt(j['first_batch_latency_s'])} s, "
+              f"AUC {j['auc']:.4f}")
+    for k in sorted(k for k in row if k.endswith("speedup")):
+        print(f"  {k:<20} {row[k]:.2f}x samples/s after vs before")
+    for label, j in row.get("ablation_2ep", {}).items():
+        print(f"  ablation {label:<22} wait {j['job_data_wait_fraction']:.3f} per epoch "
+              f"{fmt(j['epoch_data_wait_fraction'])}, {j['job_samples_per_s']:,.0f} samples/s")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
