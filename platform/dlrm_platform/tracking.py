@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrm_platform.config import JobConfig, TrackingConfig
+from dlrm_platform.redact import redact_param
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +82,12 @@ def start_job_run(job: JobConfig, tracking_uri: str, *, config_source: str | Non
         client.update_run(run_id, status="RUNNING")
         return run_id
     experiment_id = ensure_experiment(job.tracking, tracking_uri)
-    tags = {"job.name": job.name, **job.tracking.tags}
+    tags = {"job.name": job.name, **{k: redact_param(k, v) for k, v in job.tracking.tags.items()}}
     if config_source:
         tags["job.config_source"] = config_source
     run = client.create_run(experiment_id, run_name=job.tracking.run_name or job.name, tags=tags)
-    params = [Param(k, v) for k, v in flatten("", job.model_dump(mode="json"))]
+    # Secrets never become params: passwords in URIs, values of secret-named fields (dlrm_platform.redact).
+    params = [Param(k, redact_param(k, v)) for k, v in flatten("", job.model_dump(mode="json"))]
     for i in range(0, len(params), 100):  # MLflow's per-request limit
         client.log_batch(run.info.run_id, params=params[i : i + 100])
     client.log_batch(run.info.run_id, tags=[RunTag("mlflow.note.content", f"dlrm-platform job `{job.name}`")])

@@ -24,6 +24,7 @@ from dlrm_platform.api.routes import health, jobs, metrics
 from dlrm_platform.api.service import InvalidRequest, JobService, ServiceError
 from dlrm_platform.api.settings import ApiSettings
 from dlrm_platform.api.tracking import Tracker
+from dlrm_platform.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def create_app(
         if run_scheduler:
             service.start()
         log.info("job service up: db=%s ray=%s mlflow=%s", _safe_url(settings.database_url),
-                 settings.ray_address, settings.mlflow_tracking_uri)
+                 redact_text(settings.ray_address), redact_text(settings.mlflow_tracking_uri))
         try:
             yield
         finally:

@@ -22,6 +22,9 @@ def register(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="API port")
     p.add_argument("--mlflow-port", type=int, default=5000)
+    p.add_argument("--mlflow-host", default="127.0.0.1",
+                   help="MLflow's listen address; beyond loopback its basic auth is on (password: "
+                   "$DLRM_MLFLOW_PASSWORD or ROOT/mlflow/auth/admin_password)")
     p.add_argument("--dashboard-port", type=int, default=8265)
     p.add_argument("--gcs-port", type=int, default=6379)
     p.add_argument("--num-cpus", type=int, default=None)
@@ -29,7 +32,10 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("mlflow-server", help="MLflow tracking server: sqlite backend, local artifacts")
     p.add_argument("--root", type=Path, default=Path("runs/mlflow-server"))
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="listen address; beyond loopback MLflow's basic auth is on (admin password: "
+                   "$DLRM_MLFLOW_PASSWORD or ROOT/auth/admin_password)")
+    p.add_argument("--auth", action="store_true", help="basic auth on loopback too")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--workers", type=int, default=1)
     p.set_defaults(handler=_mlflow_server)
@@ -119,6 +125,7 @@ def _serve_stack(args: argparse.Namespace) -> int:
         host=args.host,
         api_port=args.port,
         mlflow_port=args.mlflow_port,
+        mlflow_host=args.mlflow_host,
         dashboard_port=args.dashboard_port,
         gcs_port=args.gcs_port,
         num_cpus=args.num_cpus,
@@ -126,10 +133,14 @@ def _serve_stack(args: argparse.Namespace) -> int:
 
 
 def _mlflow_server(args: argparse.Namespace) -> int:
-    from dlrm_platform.api.tracking import SERVER_ENV, init_backend_store, server_command
+    from dlrm_platform.api.tracking import SERVER_ENV, init_backend_store, server_auth_for, server_command
 
+    auth = server_auth_for(args.host, args.root, True if args.auth else None)
     uri = init_backend_store(args.root / "mlflow.db", args.root / "artifacts")
     print(f"[mlflow] backend {uri}, artifacts {args.root / 'artifacts'}; http://{args.host}:{args.port}", flush=True)
-    cmd = server_command(uri, args.root / "artifacts", args.host, args.port, args.workers)
-    os.execve(cmd[0], cmd, {**os.environ, **SERVER_ENV})
+    if auth is not None:
+        print(f"[mlflow] basic auth on: user {auth.username}, password in $DLRM_MLFLOW_PASSWORD or "
+              f"{auth.password_file}; clients set MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD", flush=True)
+    cmd = server_command(uri, args.root / "artifacts", args.host, args.port, args.workers, auth=auth is not None)
+    os.execve(cmd[0], cmd, {**os.environ, **SERVER_ENV, **(auth.server_env() if auth else {})})
     return 0  # not reached

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrm_platform.api.tracking import start_server, wait_http_ok
+from dlrm_platform.redact import redact_text
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -181,6 +182,7 @@ def run_stack(
     host: str = "127.0.0.1",
     api_port: int = 8000,
     mlflow_port: int = 5000,
+    mlflow_host: str = "127.0.0.1",
     dashboard_port: int = 8265,
     gcs_port: int = 6379,
     num_cpus: int | None = None,
@@ -194,22 +196,30 @@ def run_stack(
     root.mkdir(parents=True, exist_ok=True)
     ray_env = ensure_ray_token()
     os.environ.update(ray_env)
-    print(f"[serve] MLflow tracking server on http://127.0.0.1:{mlflow_port} (store: {root / 'mlflow'})", flush=True)
-    mlflow_proc = start_server(root / "mlflow", port=mlflow_port)
+    print(f"[serve] MLflow tracking server on http://{mlflow_host}:{mlflow_port} (store: {root / 'mlflow'})",
+          flush=True)
+    # Loopback only unless --mlflow-host says otherwise; beyond loopback MLflow's basic auth is on.
+    mlflow_proc = start_server(root / "mlflow", host=mlflow_host, port=mlflow_port)
+    mlflow_url = f"http://{'127.0.0.1' if mlflow_host in ('0.0.0.0', '::') else mlflow_host}:{mlflow_port}"
+    if mlflow_proc.auth is not None:  # the service and the jobs (via the head's env) log in with it
+        os.environ.update(mlflow_proc.auth.client_env())
+        print(f"[serve] MLflow basic auth: user {mlflow_proc.auth.username}, password in "
+              f"{mlflow_proc.auth.password_file} (or $DLRM_MLFLOW_PASSWORD)", flush=True)
     head: RayHead | None = None
     try:
         print(f"[serve] Ray head: dashboard http://127.0.0.1:{dashboard_port}, GCS 127.0.0.1:{gcs_port}", flush=True)
         head = start_ray_head(
             num_cpus=num_cpus or os.cpu_count() or 2,
-            env={**ray_env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mlflow_port}"},
+            env={**ray_env, "MLFLOW_TRACKING_URI": mlflow_url},
             dashboard_port=dashboard_port,
             gcs_port=gcs_port,
             log_file=root / "ray-head.log",
         )
         os.environ.setdefault("DLRM_API_RAY_ADDRESS", head.dashboard_url)
-        os.environ.setdefault("DLRM_API_MLFLOW_TRACKING_URI", f"http://127.0.0.1:{mlflow_port}")
+        os.environ.setdefault("DLRM_API_MLFLOW_TRACKING_URI", mlflow_url)
         settings = ApiSettings()
-        print(f"[serve] job service on http://{host}:{api_port} (db: {settings.database_url})", flush=True)
+        print(f"[serve] job service on http://{host}:{api_port} (db: {redact_text(settings.database_url)})",
+              flush=True)
         print("[serve] API key: dlrm-platform api-key create --user $USER", flush=True)
         # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; with a Python handler
         # in place that becomes SystemExit, so the `finally` below still stops the head and MLflow.

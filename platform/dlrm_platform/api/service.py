@@ -44,6 +44,7 @@ from dlrm_platform.api.settings import ApiSettings
 from dlrm_platform.api.tracking import JOB_ID_TAG, USER_TAG, Tracker
 from dlrm_platform.config import ConfigError, JobConfig, apply_overrides
 from dlrm_platform.paths import DATA_ROOTS_ENV, OUTPUT_ROOTS_ENV, check_job_paths
+from dlrm_platform.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -947,7 +948,7 @@ class JobService:
         except Exception as err:  # noqa: BLE001 - Ray refused the job (bad runtime env, ...)
             self._finish(job, JobStatus.FAILED, f"Ray refused the submission: {err}", self.clock())
             return
-        log.info("submitted %s: %s", sid, entrypoint)
+        log.info("submitted %s: %s", sid, redact_text(entrypoint))
 
     def _archive_logs(self, job: JobRecord) -> None:
         if not job.ray_submission_id or job.attempt < 1:

@@ -12,9 +12,11 @@ KILLED on cancel and reads progress metrics from it.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -53,8 +55,88 @@ def init_backend_store(db_path: Path, artifacts_dir: Path) -> str:
 SERVER_ENV = {"MLFLOW_TRACKING_URI": "", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name) only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost: may resolve to anything
+        return False
+
+
+@dataclass(frozen=True)
+class ServerAuth:
+    """MLflow's basic-auth app for a tracking server: the admin account and the files behind it.
+
+    The password comes from ``$DLRM_MLFLOW_PASSWORD`` or is generated once into
+    ``password_file`` (mode 0600). It reaches the server and the clients through
+    the environment only (``MLFLOW_AUTH_ADMIN_PASSWORD``, ``MLFLOW_TRACKING_PASSWORD``),
+    never a command line, a log line or an MLflow param.
+    """
+
+    username: str
+    password: str
+    config_path: Path
+    password_file: Path
+    secret_key: str
+
+    def server_env(self) -> dict[str, str]:
+        return {
+            "MLFLOW_AUTH_CONFIG_PATH": str(self.config_path),
+            "MLFLOW_AUTH_ADMIN_PASSWORD": self.password,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": self.secret_key,
+        }
+
+    def client_env(self) -> dict[str, str]:
+        return {"MLFLOW_TRACKING_USERNAME": self.username, "MLFLOW_TRACKING_PASSWORD": self.password}
+
+
+def prepare_server_auth(root: Path, username: str = "admin") -> ServerAuth:
+    """The basic-auth config of a server whose store is under ``root`` (created on first use)."""
+    auth_dir = (root / "auth").resolve()
+    auth_dir.mkdir(parents=True, exist_ok=True)
+    auth_dir.chmod(0o700)
+    password_file = auth_dir / "admin_password"
+    password = os.environ.get("DLRM_MLFLOW_PASSWORD")
+    if not password:
+        if not password_file.exists():
+            fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(24))
+        password = password_file.read_text().strip()
+    config = auth_dir / "basic_auth.ini"
+    config.write_text(
+        "[mlflow]\n"
+        "default_permission = NO_PERMISSIONS\n"
+        f"database_uri = sqlite:///{auth_dir / 'basic_auth.db'}\n"
+        f"admin_username = {username}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    secret_file = auth_dir / "flask_secret_key"
+    if not secret_file.exists():
+        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return ServerAuth(username, password, config, password_file, secret_file.read_text().strip())
+
+
+def server_auth_for(host: str, root: Path, auth: bool | None = None) -> ServerAuth | None:
+    """Basic auth is on whenever the server listens beyond loopback; on loopback only if asked for.
+
+    Raises UserError for an exposed server with ``auth=False``: it would accept anyone's writes.
+    """
+    from dlrm_platform.errors import UserError
+
+    exposed = not is_loopback(host)
+    if exposed and auth is False:
+        raise UserError(f"an MLflow server listening on {host} (beyond this machine) must use basic auth")
+    return prepare_server_auth(root) if (exposed or auth) else None
+
+
 def server_command(
-    backend_uri: str, artifacts_dir: Path, host: str = "127.0.0.1", port: int = 5000, workers: int = 1
+    backend_uri: str, artifacts_dir: Path, host: str = "127.0.0.1", port: int = 5000, workers: int = 1,
+    *, auth: bool = False,
 ) -> list[str]:
     return [
         sys.executable, "-m", "mlflow", "server",
@@ -63,6 +145,7 @@ def server_command(
         "--host", host,
         "--port", str(port),
         "--workers", str(workers),
+        *(["--app-name", "basic-auth"] if auth else []),
     ]  # fmt: skip
 
 
@@ -87,19 +170,28 @@ def wait_http_ok(url: str, timeout_s: float = 60.0, proc: subprocess.Popen[Any] 
 
 
 def start_server(
-    root: Path, host: str = "127.0.0.1", port: int = 5000, workers: int = 1, log_file: Path | None = None
+    root: Path, host: str = "127.0.0.1", port: int = 5000, workers: int = 1, log_file: Path | None = None,
+    *, auth: bool | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``mlflow server`` on ``root/mlflow.db`` + ``root/artifacts``; returns when it answers."""
+    """Start ``mlflow server`` on ``root/mlflow.db`` + ``root/artifacts``; returns when it answers.
+
+    Loopback only by default; on any other ``host`` MLflow's basic auth is on
+    (:func:`server_auth_for`); the process's ``auth`` attribute holds the
+    :class:`ServerAuth` (or None) for the clients' environment.
+    """
+    server_auth = server_auth_for(host, root, auth)
     uri = init_backend_store(root / "mlflow.db", root / "artifacts")
     out = open(log_file or root / "mlflow-server.log", "ab")  # noqa: SIM115 - owned by the process
     proc = subprocess.Popen(
-        server_command(uri, root / "artifacts", host, port, workers),
+        server_command(uri, root / "artifacts", host, port, workers, auth=server_auth is not None),
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        env={**os.environ, **SERVER_ENV},
+        env={**os.environ, **SERVER_ENV, **(server_auth.server_env() if server_auth else {})},
     )
-    wait_http_ok(f"http://{host}:{port}/health", proc=proc)
+    proc.auth = server_auth  # type: ignore[attr-defined]
+    probe = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    wait_http_ok(f"http://{probe}:{port}/health", proc=proc)
     return proc
 
 
