@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(if $(filter 1,$(GPU)),gpu,cpu)
 CONFIG ?= configs/demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-unit test-integration ui serve bench bench-api clean
+.PHONY: install demo test test-unit test-integration fuzz ui serve bench bench-api clean
 
 install: $(STAMP)
 
@@ -29,6 +29,11 @@ test-unit: $(STAMP)
 
 test-integration: $(STAMP)
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+# Bad input at full strength: 600 fuzzed inputs per reader/config test (`make test` tries 40 each).
+FUZZ_TESTS := tests/ingest/test_fuzz_criteo.py tests/ingest/test_fuzz_parquet.py tests/test_config_fuzz.py
+fuzz: $(STAMP)
+	$(PY) -m pytest $(FUZZ_TESTS) --hypothesis-profile=chaos $(PYTEST_ARGS)
 
 ui: $(STAMP)
 	$(CLI) ui
