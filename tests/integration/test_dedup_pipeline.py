@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dlrm_platform.config import JobConfig
+from dlrm_platform.config import JobConfig, OperatorConfig
 from dlrm_platform.ingest import dedup
 from dlrm_platform.ingest.dedup_batching import is_dedup_packed
 from dlrm_platform.train.batches import unpack_dedup_batch
@@ -128,18 +128,21 @@ def _epoch(ds, job) -> tuple[list[int], list[int], list[float]]:
     return ids, sizes, factors
 
 
-def test_job_pipeline_trains_every_sample_exactly_once_per_epoch(ray_cluster, flat_data, tmp_path):
+@pytest.mark.parametrize("fused_op", [None, OperatorConfig(concurrency=2, num_cpus=0.5)], ids=["split", "fused"])
+def test_job_pipeline_trains_every_sample_exactly_once_per_epoch(ray_cluster, flat_data, tmp_path, fused_op):
     root, train, eval_ = flat_data
     job = _job(root)
     assert job.dedup_enabled  # on by default: the data has a session key
     quarantine = tmp_path / "quarantine"
-    pds = build_job_datasets(job, train, eval_, quarantine)
+    pds = build_job_datasets(job, train, eval_, quarantine, fused_op=fused_op)
     expected = _rows(train) - BAD_LABELS
+    shards = len(dedup.DedupDataset.open(dedup.default_dedup_dir(root)).shards("train"))
+    # only the last batch of a shard is short (fused: of a block, short by less than a session)
+    short_allowed = shards if fused_op is None else shards + expected // pds.block_rows
     for _ in range(2):  # two epochs: each sample once in each
         ids, sizes, factors = _epoch(pds.train, job)
         assert len(ids) == len(set(ids)) == expected
-        assert max(sizes) == 32 and sum(s < 32 for s in sizes) <= len(dedup.DedupDataset.open(
-            dedup.default_dedup_dir(root)).shards("train"))  # only the last batch of a shard is short
+        assert max(sizes) == 32 and sum(s < 32 for s in sizes) <= short_allowed
         assert np.mean(factors) > 3  # sessions average ~35 samples
     # parse runs in every epoch, but quarantine files are keyed by content, so a bad row is counted once
     assert count_quarantined(quarantine) == {"label missing or not 0/1": BAD_LABELS}

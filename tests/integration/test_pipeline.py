@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dlrm_platform.config import DatasetSchema, JobConfig
+from dlrm_platform.config import DatasetSchema, JobConfig, OperatorConfig
 from dlrm_platform.errors import UserError
 from dlrm_platform.train.batches import unpack_batch
 from dlrm_platform.ingest.pipeline import build_job_datasets, cpu_budget
@@ -60,10 +60,11 @@ def _write_shards(tmp_path, n_files=3, rows=250, bad_labels=(5, 17)):
     return files
 
 
-def test_every_row_arrives_exactly_once_in_packed_batches(ray_cluster, tmp_path):
+@pytest.mark.parametrize("fused_op", [None, OperatorConfig(concurrency=2, num_cpus=0.5)], ids=["split", "fused"])
+def test_every_row_arrives_exactly_once_in_packed_batches(ray_cluster, tmp_path, fused_op):
     job = _job(tmp_path, hash_size=10**9)  # big table: hashed ids stay distinct
     files = _write_shards(tmp_path)
-    pds = build_job_datasets(job, files, files[:1], tmp_path / "quarantine")
+    pds = build_job_datasets(job, files, files[:1], tmp_path / "quarantine", fused_op=fused_op)
     schema: DatasetSchema = job.data.columns
     seen, sizes = [], []
     for packed in pds.train.iter_batches(batch_size=1, batch_format="pyarrow"):
