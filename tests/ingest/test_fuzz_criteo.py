@@ -197,3 +197,28 @@ def test_degenerate_files(tmp_path: Path, content: bytes) -> None:
         return
     assert report.rows_converted == 0 and report.rows_read == report.rows_quarantined == content.count(b"\n") + (
         1 if content and not content.endswith(b"\n") else 0)
+
+
+def test_io_errors_are_user_errors_naming_the_file(tmp_path: Path, monkeypatch) -> None:
+    src = tmp_path / "in.tsv"
+    src.write_text("1\t2\n" * 10)
+    real_open = Path.open
+
+    def no_permission(self, *args, **kwargs):
+        if self == src:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", no_permission)
+    with pytest.raises(UserError, match=f"{src}: cannot read the input"):
+        convert_criteo(src, tmp_path / "out", progress=False)
+    monkeypatch.setattr(Path, "open", real_open)
+
+    def failing_batches(f, batch_lines):
+        yield [f.readline()]
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(criteo, "_batches", failing_batches)
+    with pytest.raises(UserError, match="I/O error after line 1") as err:
+        convert_criteo(src, tmp_path / "out2", progress=False)
+    assert str(src) in str(err.value) and not (tmp_path / "out2" / "_SUCCESS").exists()

@@ -348,8 +348,11 @@ class ConversionReport:
 
 def _open_text(path: Path) -> IO[str]:
     """Plain or gzip (by magic bytes, not name); undecodable bytes become U+FFFD and fail validation."""
-    with path.open("rb") as f:
-        is_gzip = f.read(2) == b"\x1f\x8b"
+    try:
+        with path.open("rb") as f:
+            is_gzip = f.read(2) == b"\x1f\x8b"
+    except OSError as err:  # no permission, an I/O error
+        raise UserError(f"{path}: cannot read the input ({type(err).__name__}: {err})") from None
     # newline="\n": a stray "\r" inside a line must not split it.
     if is_gzip:
         return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="\n")
@@ -439,6 +442,11 @@ def convert_criteo(
             raise UserError(
                 f"{input_path}: the gzip stream is corrupt or truncated after line {report.rows_read} ({err}); "
                 "the output is incomplete (no _SUCCESS)"
+            ) from None
+        except OSError as err:  # reading the input or writing the output (no space...)
+            raise UserError(
+                f"{input_path} -> {output_dir}: I/O error after line {report.rows_read} "
+                f"({type(err).__name__}: {err}); the output is incomplete (no _SUCCESS)"
             ) from None
     report.files = train.close() + evals.close()
     report.train_rows, report.eval_rows = train.rows, evals.rows
