@@ -23,19 +23,6 @@ pytestmark = pytest.mark.integration
 EPOCHS = 3
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    import ray
-    from ray.data import DataContext
-
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
-    DataContext.get_current().enable_progress_bars = False
-    yield ray
-    ray.shutdown()
-
-
 def _feeder_job(tmp_path: Path, mode: str) -> JobConfig:
     return JobConfig.model_validate({
         "data": {"path": str(tmp_path), "columns": {"label": "label", "item": {"dense": ["d"], "categorical": ["c"]}}},
@@ -51,7 +38,7 @@ def _id_tables(n_batches: int, size: int) -> list[pa.Table]:
 
 
 @pytest.mark.parametrize("mode", ["auto", "off"])
-def test_two_consumers_of_streaming_split_see_every_id_once_per_epoch(cluster, tmp_path, mode):
+def test_two_consumers_of_streaming_split_see_every_id_once_per_epoch(ray_cluster, tmp_path, mode):
     import ray.data
 
     ds = ray.data.from_arrow(_id_tables(23, 7))  # odd count: the consumers get different numbers
@@ -107,7 +94,7 @@ def session_data(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("workers", "mode"), [(1, "auto"), (2, "auto"), (2, "off")])
-def test_job_trains_every_sample_once_per_epoch_with_cache_on_and_off(cluster, session_data, tmp_path, workers, mode):
+def test_job_trains_every_sample_once_per_epoch_with_cache_on_and_off(ray_cluster, session_data, tmp_path, workers, mode):
     from dlrm_platform.config import load_job_config
     from dlrm_platform.job import run_job
     from dlrm_platform.ingest.source import validate_dataset

@@ -161,10 +161,12 @@ def test_step_limit_and_step_checkpoints_with_two_workers(ray_train_cluster, tmp
 
 @pytest.mark.slow
 def test_worker_failure_resumes_from_last_checkpoint(ray_train_cluster, tmp_path, fault_file):
-    # Rank 1 fails after step 2 of epoch 1, once (the hook deletes the file): the group restarts
-    # from the epoch-0 checkpoint, which both ranks wrote (DCP shards merged by Ray Train).
-    fault_file.write_text(json.dumps({"epoch": 1, "step": 2, "rank": 1}))
-    job = _job(tmp_path, epochs=2, max_failures=1, num_workers=2, cpus_per_worker=0.5)
+    # Checkpoints every 3 global steps; rank 1 fails after step 4 of epoch 1, once (the hook deletes
+    # the file), i.e. after a checkpoint taken mid-epoch (global step 9 = epoch 1 step 2, or later).
+    # The group restarts from it with the data position (the digests of the batches epoch 1 had
+    # trained): exactly-once means the job's sample count is 2 epochs, not 2 epochs plus a replay.
+    fault_file.write_text(json.dumps({"epoch": 1, "step": 4, "rank": 1}))
+    job = _job(tmp_path, epochs=2, max_failures=1, num_workers=2, cpus_per_worker=0.5, checkpoint_every_steps=3)
     try:
         result = run_training(job, _datasets(), mlflow_run_id=None, tracking_uri=None,
                               storage_path=str(tmp_path / "ray"))
@@ -172,8 +174,10 @@ def test_worker_failure_resumes_from_last_checkpoint(ray_train_cluster, tmp_path
         fired = not fault_file.exists()
         fault_file.unlink(missing_ok=True)
     assert fired, "the injected fault never fired"
-    assert result.start_epoch == 1  # resumed after the epoch-0 checkpoint, not from scratch
-    _check_result(result, epochs=2)
+    assert result.start_epoch == 1  # resumed inside epoch 1, not from scratch
+    resumed_from = [p for p in (tmp_path / "ray").glob("*/checkpoint_e001_*") if not p.name.endswith("_end")]
+    assert resumed_from, "no mid-epoch checkpoint was taken before the fault"
+    _check_result(result, epochs=2)  # every sample exactly once per epoch: nothing replayed
 
 
 @pytest.mark.slow

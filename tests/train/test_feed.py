@@ -234,3 +234,17 @@ def test_without_read_ahead_a_pass_starts_only_when_the_trainer_asks(tmp_path):
         assert len(_ids(feeder.tables("train", 0))) == 16
         feeder.decide("train", lambda v: v)
         assert len(_ids(feeder.tables("train", 1))) == 16
+
+
+def test_a_resumed_pass_leaves_out_the_batches_its_checkpoint_trained_but_caches_them(tmp_path):
+    shard = FakeShard(_batches(6))
+    digest = lambda t: str(t.column("ids")[0].as_py()[0])  # noqa: E731 - first id names the batch here
+    trained = frozenset({"0", "8", "20"})  # batches 0, 2 and 5 were trained before the restart
+    with ShardFeeder(_job(tmp_path), {"train": (shard, [])}, [("train", 1), ("train", 2)], tmp_path,
+                     digest=digest, skip={("train", 1): trained}) as feeder:
+        resumed = _ids(feeder.tables("train", 1))
+        feeder.decide("train", lambda v: v)
+        assert feeder.stats("train", 1).skipped == 3
+        full = _ids(feeder.tables("train", 2))
+    assert sorted(resumed) == [i for i in range(24) if i // 4 not in (0, 2, 5)]
+    assert sorted(full) == list(range(24))  # the next epoch replays the whole shard

@@ -63,7 +63,7 @@ def test_every_batch_once_in_order(packed_batch, depth) -> None:
     with BatchPrefetcher(source, _unpack, CPU, depth) as batches:
         got = []
         while (item := batches.get()) is not None:
-            batch, stats = item
+            batch, stats = item.batch, item.stats
             got.append(int(batch.labels.numel()))
             assert stats["batch_bytes"] > 0 and stats["dedup_factor"] == 1.0
         assert batches.get() is None  # and stays exhausted

@@ -27,6 +27,7 @@ which :func:`dlrm_platform.train.batches.unpack_batch` turns into a TorchRec ``B
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -103,3 +104,24 @@ def _row_values(table: pa.Table, column: str, row: int) -> np.ndarray:
             return chunk.values.slice(start, end - start).to_numpy(zero_copy_only=False)
         row -= len(chunk)
     raise IndexError(row)
+
+
+def packed_digest(table: pa.Table, row: int = 0) -> str:
+    """A content digest of packed row ``row``: the identity a checkpoint records for a trained batch.
+
+    The pipeline's batches are deterministic (fixed file, block and session
+    order), so the same batch gets the same digest in every run: a resumed
+    epoch skips exactly the batches its checkpoint says were trained.
+    """
+    h = hashlib.blake2b(digest_size=12)
+    one = table.slice(row, 1) if table.num_rows > 1 else table
+    for name in one.column_names:
+        col = one.column(name)
+        arr = col.chunk(0) if isinstance(col, pa.ChunkedArray) and col.num_chunks == 1 else col
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        if pa.types.is_large_list(arr.type) or pa.types.is_list(arr.type):
+            h.update(np.ascontiguousarray(arr.flatten().to_numpy(zero_copy_only=False)).tobytes())
+        else:
+            h.update(np.ascontiguousarray(arr.to_numpy(zero_copy_only=False)).tobytes())
+    return h.hexdigest()

@@ -30,7 +30,7 @@ import re
 import shutil
 import uuid
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +78,14 @@ class TrainProgress:
     """Where training stands: the data position and the running totals.
 
     ``epoch`` is the epoch the checkpoint was taken in; ``epoch_complete``
-    says whether it was taken at that epoch's end. Consumption is
-    at-least-once (ARCHITECTURE.md, "At-least-once consumption"): resuming from a mid-epoch checkpoint replays
-    that epoch from its start, because which rows a worker receives from
-    ``streaming_split`` is not deterministic; ``samples_in_epoch`` records
-    how many would be replayed. Totals count every sample trained on,
-    replays included.
+    says whether it was taken at that epoch's end. Ray Data's consumption is
+    at-least-once (ARCHITECTURE.md, "At-least-once consumption"), and which
+    batches a worker receives from ``streaming_split`` is not deterministic, so
+    the data position is recorded by content: ``trained_in_epoch`` holds the
+    digests (``ingest.batching.packed_digest``) of every batch any worker
+    trained in ``epoch`` so far; a run resumed mid-epoch skips exactly those
+    (``train.feed.ShardFeeder``), and every sample of every epoch is trained
+    once. Totals count every sample trained on.
     """
 
     epoch: int = 0
@@ -97,6 +99,7 @@ class TrainProgress:
     compute_s: float = 0.0
     eval_auc: float | None = None
     eval_logloss: float | None = None
+    trained_in_epoch: list[str] = field(default_factory=list)  # digests of the batches `epoch` trained so far
 
     @property
     def next_epoch(self) -> int:

@@ -22,6 +22,11 @@ A replay needs every worker's cache complete and the input files unchanged
 (:func:`input_fingerprint`). Each sample is delivered exactly once per pass
 either way.
 
+Restarts: a worker restored from a checkpoint taken mid-epoch passes the
+digests of the batches that epoch already trained (``skip``); the feeder
+keeps them out of the pass (the cache still gets them), so over the whole job
+every sample of every epoch is trained exactly once.
+
 Memory: a batch kept in the memory cache is already held, so the feeder may
 run a whole pass ahead; batches that are spilled or not cached count against
 ``max_ahead_bytes``, past which the feeder waits for the trainer.
@@ -254,6 +259,7 @@ class PassStats:
     batches: int = 0
     samples: int = 0
     started_s: float = 0.0  # feeder clock: when the source was opened
+    skipped: int = 0  # batches a restored checkpoint had already trained in this pass
     first_batch_s: float | None = None  # seconds from opening the source to its first batch
     source_s: float | None = None  # seconds until the source was exhausted
 
@@ -346,6 +352,8 @@ class ShardFeeder:
     prefetch_batches: int = 2
     max_ahead_bytes: int = 256 * _MB
     decode: Callable[[pa.Table], Any] | None = None  # table -> what the trainer consumes, run on this thread
+    digest: Callable[[pa.Table], str] | None = None  # table -> its identity (needed with ``skip``)
+    skip: dict[tuple[str, int], frozenset[str]] = field(default_factory=dict)  # pass -> batches already trained
     clock: Callable[[], float] = time.perf_counter
 
     def __post_init__(self) -> None:
@@ -451,15 +459,21 @@ class ShardFeeder:
     def _feed_pipeline(self, p: _Pass, ds: _Dataset, first_pass: bool) -> None:
         p.stats.source, p.stats.started_s = "pipeline", self.clock()
         limit = self.limits.get(ds.name)
+        skip = self.skip.get((p.stats.name, p.stats.epoch), frozenset())
+        if skip and self.digest is None:
+            raise ValueError("ShardFeeder: skipping trained batches needs a digest function")
         it = iter(ds.shard.iter_batches(batch_size=1, batch_format="pyarrow",
                                         prefetch_batches=max(1, self.prefetch_batches)))
-        while limit is None or p.stats.batches < limit:
+        while limit is None or p.stats.batches + p.stats.skipped < limit:
             table = next(it, None)
             if table is None:
                 break
-            self._record(p, table)
             item = self._decode(table)
             kept = ds.cache.add(table, item if isinstance(item, Decoded) else None) if first_pass else ""
+            if skip and self.digest(table) in skip:  # trained before the restart: cached, not handed over
+                p.stats.skipped += 1
+                continue
+            self._record(p, table)
             if not p.put(item, int(table.nbytes), bounded=kept != "memory", stop=self._stop):
                 return
         p.stats.source_s = self.clock() - p.stats.started_s

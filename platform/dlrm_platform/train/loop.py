@@ -61,7 +61,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -69,6 +69,7 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
 from dlrm_platform.config import JobConfig
+from dlrm_platform.ingest.batching import packed_digest
 from dlrm_platform.ingest.dedup_batching import packed_batch_stats
 from dlrm_platform.train.checkpoint import (
     CheckpointWriteError,
@@ -171,6 +172,15 @@ class StepBatch:
     global_samples: int  # real samples of all workers in the step
     wait_s: float  # time until every worker had its batch
     stats: dict[str, float] = field(default_factory=dict)  # packed_batch_stats: batch_bytes, dedup_factor
+    digest: str | None = None  # the packed batch's identity (ingest.batching.packed_digest); None for a dummy
+
+
+class Fetched(NamedTuple):
+    """What :meth:`BatchPrefetcher.get` hands over: the batch as tensors, its stats and its digest."""
+
+    batch: Any
+    stats: dict[str, float]
+    digest: str | None
 
 
 class _Failure:
@@ -184,7 +194,7 @@ _END = object()
 class BatchPrefetcher:
     """This worker's next batches, read from its shard and unpacked up to ``depth`` steps ahead.
 
-    ``get() -> (batch, stats) | None`` (None once the shard is exhausted, and
+    ``get() -> Fetched(batch, stats, digest) | None`` (None once the shard is exhausted, and
     on every call after that). With ``depth >= 1`` a background thread reads
     the packed Arrow rows, unpacks them into tensors (and on CUDA pins them
     and copies them to the device on a side stream) while the trainer
@@ -218,22 +228,22 @@ class BatchPrefetcher:
             self._read += 1
         return table
 
-    def _assemble(self, table: Any, stream: Any) -> tuple[Any, dict[str, float], Any]:
+    def _assemble(self, table: Any, stream: Any) -> tuple[Fetched, Any]:
         if isinstance(table, Decoded):  # unpacked by the feeder (once, then kept by the epoch cache)
-            batch, stats = table.value
+            batch, stats, digest = table.value
         else:
             batch = self._unpack(table)  # host tensors
-            stats = packed_batch_stats(table)
+            stats, digest = packed_batch_stats(table), packed_digest(table)
         if self._device.type != "cuda":
-            return batch, stats, None
+            return Fetched(batch, stats, digest), None
         if stream is None:  # synchronous mode
-            return batch.to(self._device), stats, None
+            return Fetched(batch.to(self._device), stats, digest), None
         batch = batch.pin_memory()  # pinning only exists with CUDA (it raises on the CPU build)
         with torch.cuda.stream(stream):
             batch = batch.to(self._device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
-        return batch, stats, event
+        return Fetched(batch, stats, digest), event
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -262,7 +272,7 @@ class BatchPrefetcher:
 
     # ------------------------------------------------------------ consumer side
 
-    def get(self) -> tuple[Any, dict[str, float]] | None:
+    def get(self) -> Fetched | None:
         if self._done:
             return None
         if self._thread is None:
@@ -279,12 +289,12 @@ class BatchPrefetcher:
         if isinstance(item, _Failure):
             self._done = True
             raise item.error
-        batch, stats, event = item
+        fetched, event = item
         if event is not None:  # the copy ran on the side stream: order it before the step's kernels
             current = torch.cuda.current_stream(self._device)
             current.wait_event(event)
-            batch.record_stream(current)
-        return batch, stats
+            fetched.batch.record_stream(current)
+        return fetched
 
     def close(self, timeout_s: float = 30.0) -> None:
         self._stop.set()
@@ -328,13 +338,13 @@ def lockstep_batches(source: Any, job: JobConfig, device: torch.device,
         while max_steps is None or steps < max_steps:
             start = time.perf_counter()
             item = batches.get()
-            batch, stats = item if item is not None else (None, {})
+            batch, stats, digest = item if item is not None else (None, {}, None)
             n = 0 if batch is None else int(batch.labels.shape[0])
             flags = _all_reduce_sum(torch.tensor([int(batch is not None), n], dtype=torch.int64))
             if int(flags[0]) == 0:
                 return
             yield StepBatch(batch if batch is not None else dummy, n, int(flags[1]),
-                            time.perf_counter() - start, stats)
+                            time.perf_counter() - start, stats, digest)
             steps += 1
 
 
@@ -436,21 +446,31 @@ class Worker:
     def train_epoch(self, shard: Any, epoch: int) -> EpochStats:
         """Train on every batch of this epoch's shard (or pass of packed tables); return the sums over all workers.
 
-        Checkpoints every ``checkpoint_every_steps`` global steps on the way.
+        Checkpoints every ``checkpoint_every_steps`` global steps on the way, with the
+        digests of the batches trained so far (the data position). Resumed from such a
+        checkpoint, the feeder leaves those batches out and this epoch goes on from there.
         """
         train = self.job.train
         self.model.train()
         epoch_stats, unsaved, window = EpochStats(), EpochStats(), EpochStats()
         unsaved_start = window_start = time.perf_counter()
-        self.progress.epoch, self.progress.epoch_complete = epoch, False
-        self.progress.step_in_epoch = self.progress.samples_in_epoch = 0
-        for step in lockstep_batches(shard, self.job, self.device, train.max_steps_per_epoch):
+        p = self.progress
+        resumed = p.epoch == epoch and not p.epoch_complete and bool(p.trained_in_epoch)
+        if not resumed:
+            p.step_in_epoch = p.samples_in_epoch = 0
+            p.trained_in_epoch = []
+        p.epoch, p.epoch_complete = epoch, False
+        trained = list(p.trained_in_epoch)  # this worker's, plus every worker's up to the last checkpoint
+        steps_left = None if train.max_steps_per_epoch is None else max(0, train.max_steps_per_epoch - p.step_in_epoch)
+        for step in lockstep_batches(shard, self.job, self.device, steps_left):
             start = time.perf_counter()
             loss_sum = self.train_step(step)
             compute_s = time.perf_counter() - start
             self.progress.global_step += 1
             self.progress.step_in_epoch += 1
             self.progress.samples_in_epoch += step.global_samples
+            if step.num_samples and step.digest is not None:
+                trained.append(step.digest)
             for stats in (epoch_stats, unsaved, window):
                 stats.add(step.num_samples, loss_sum, step.wait_s, compute_s)
             self._log_step(step, loss_sum, compute_s)
@@ -460,9 +480,11 @@ class Worker:
                 window, window_start = EpochStats(), time.perf_counter()
             if train.checkpoint_every_steps and self.progress.global_step % train.checkpoint_every_steps == 0:
                 epoch_stats.wall_s += self._accumulate(unsaved, time.perf_counter() - unsaved_start)
+                self.progress.trained_in_epoch = _all_gather_union(trained)
                 self.checkpoint({"epoch": epoch, **self.summary()})
                 unsaved, unsaved_start = EpochStats(), time.perf_counter()
         epoch_stats.wall_s += self._accumulate(unsaved, time.perf_counter() - unsaved_start)
+        self.progress.trained_in_epoch = []  # the whole epoch is trained: its end checkpoint needs no position
         self.tracker.flush()
         return epoch_stats.all_reduced()
 
@@ -618,7 +640,8 @@ def _start_feeder(loop: LoopConfig, rank: int, checkpoint_path: str | None) -> S
     import ray.train
 
     job = loop.job
-    start_epoch = read_progress(checkpoint_path).next_epoch if checkpoint_path else 0
+    progress = read_progress(checkpoint_path) if checkpoint_path else None
+    start_epoch = progress.next_epoch if progress is not None else 0
     names = ("train", "eval") if loop.has_eval else ("train",)
     shards = {n: (ray.train.get_dataset_shard(n), loop.dataset_files.get(n, [])) for n in names}
     spill = loop.cache_dir or (str(job.ingest.cache.spill_dir) if job.ingest.cache.spill_dir else None)
@@ -633,8 +656,20 @@ def _start_feeder(loop: LoopConfig, rank: int, checkpoint_path: str | None) -> S
         prefetch_batches=job.ingest.prefetch_batches,
         # Unpack on the feeder's thread, ahead (during the model build in epoch 0): a replayed
         # epoch then hands over ready tensors, and the trainer's thread never waits on an unpack.
-        decode=lambda table: (unpack(table), packed_batch_stats(table)),
+        decode=lambda table: (unpack(table), packed_batch_stats(table), packed_digest(table)),
+        digest=packed_digest,
+        skip={("train", progress.epoch): frozenset(progress.trained_in_epoch)}
+        if progress is not None and not progress.epoch_complete and progress.trained_in_epoch else {},
     )
+
+
+def _all_gather_union(digests: list[str]) -> list[str]:
+    """The union of every worker's ``digests`` (a collective), sorted."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return sorted(set(digests))
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, digests)
+    return sorted({d for part in parts for d in part})
 
 
 def _all_reduce_min(vote: int) -> int:
