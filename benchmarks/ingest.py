@@ -171,23 +171,23 @@ def pipeline_alone(job, quarantine: Path, data_cpus: float = 1.0) -> dict[str, f
         DataContext.get_current().enable_progress_bars = False
         DataContext.get_current().print_on_execution_start = False
         out: dict[str, float] = {}
+        datasets, handle = build_tuned_datasets(job, files, quarantine, data_cpus)  # once, as the job does
+        ds = datasets.train
+        ds.context.execution_options = ExecutionOptions(resource_limits=ExecutionResources(cpu=data_cpus))
         for epoch in range(2):
-            datasets, handle = build_tuned_datasets(job, files, quarantine, data_cpus)
-            ds = datasets.train
-            ds.context.execution_options = ExecutionOptions(resource_limits=ExecutionResources(cpu=data_cpus))
             start, first, n = time.perf_counter(), None, 0
             for t in ds.iter_batches(batch_size=1, batch_format="pyarrow", prefetch_batches=2):
                 if first is None:
                     first = time.perf_counter() - start
                 n += int(t.column("num_samples")[0].as_py())
             elapsed = time.perf_counter() - start
-            if handle is not None:
-                handle.close()
             tag = "cold" if epoch == 0 else "warm"
             out[f"{tag}_sps"] = n / elapsed
             out[f"{tag}_first_batch_s"] = first or 0.0
             # after the first batch: the rate once the execution has started (its start-up excluded)
             out[f"{tag}_streaming_sps"] = n / max(elapsed - (first or 0.0), 1e-9)
+        if handle is not None:
+            handle.close()
         out["pipeline_sps_per_cpu"] = out["warm_sps"] / data_cpus
         out["streaming_sps_per_cpu"] = out["warm_streaming_sps"] / data_cpus
         out["pipeline"] = datasets.describe()
@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every figure here")
     ap.add_argument("--workdir", type=Path, help="data and runs (default: a temporary directory)")
     ap.add_argument("--samples", type=int, default=160_000, help="samples per dataset (demo: 160k)")
+    ap.add_argument("--no-jobs", action="store_true", help="in-process and pipeline-alone figures only")
     args = ap.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dlrm-ingest-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -284,13 +285,13 @@ def main(argv: list[str] | None = None) -> int:
                 k: row[f"pipeline_{k}"]["pipeline_sps_per_cpu"] / row["inprocess_sps_per_cpu"] for k in ("before", "after")}
             row["streaming_vs_inprocess"] = {
                 k: row[f"pipeline_{k}"]["streaming_sps_per_cpu"] / row["inprocess_sps_per_cpu"] for k in ("before", "after")}
-            epoch_counts = (2,) if args.quick or name != "demo" or path != "dedup" else (2, 5)
+            epoch_counts = () if args.no_jobs else (2,) if args.quick or name != "demo" or path != "dedup" else (2, 5)
             for epochs in epoch_counts:
                 row[f"job_{epochs}ep_before"] = run_job(over + BEFORE, epochs, workdir, f"{key} before")
                 row[f"job_{epochs}ep_after"] = run_job(over, epochs, workdir, f"{key} after")
                 row[f"job_{epochs}ep_speedup"] = (row[f"job_{epochs}ep_after"]["job_samples_per_s"]
                                                   / row[f"job_{epochs}ep_before"]["job_samples_per_s"])
-            if name == "demo" and path == "dedup" and not args.quick:
+            if name == "demo" and path == "dedup" and not (args.quick or args.no_jobs):
                 row["ablation_2ep"] = {label: run_job(over + extra, 2, workdir, f"{key} {label}")
                                        for label, extra in ABLATION.items()}
             report["datasets"][key] = row
