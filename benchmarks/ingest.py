@@ -128,20 +128,20 @@ def inprocess(job, quarantine: Path) -> dict[str, float]:
     """Samples per CPU-second of read + the four transforms in this process (best of 2 passes)."""
     import pyarrow.parquet as pq
 
-    from dlrm_platform.ingest import dedup, fused
+    from dlrm_platform.ingest import dedup_convert, dedup_sessions, fused
     from dlrm_platform.ingest.source import validate_dataset
     from dlrm_platform.ingest.transforms import TransformSpec
 
     files = validate_dataset(job.data)
     spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine)
     if job.dedup_enabled:
-        pairs, _ = dedup.dedup_job_shards(job, files.train, files.eval)
+        pairs, _ = dedup_convert.dedup_job_shards(job, files.train, files.eval)
     best = 0.0
     for _ in range(2):
         start, n = time.process_time(), 0
         if job.dedup_enabled:
             for u, s in pairs:
-                out = fused.preprocess_sessions(dedup.read_session_shard(u, s, job.data.columns, str(quarantine)),
+                out = fused.preprocess_sessions(dedup_sessions.read_session_shard(u, s, job.data.columns, str(quarantine)),
                                                 spec, job.ingest.batch_size)
                 n += sum(out.column("num_samples").to_pylist())
         else:

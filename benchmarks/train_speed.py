@@ -466,7 +466,7 @@ def measure(variants: list[Variant], num_batches: int, rounds: int, steps: int, 
 
 def session_batches(workdir: Path, samples: int, batch_size: int) -> tuple[list[pa.Table], list[Any]]:
     """Dedup-packed IKJT batches (full ones) of a synthetic session dataset, and their plain expansions."""
-    from dlrm_platform.ingest import dedup
+    from dlrm_platform.ingest import dedup_convert, dedup_operators, dedup_sessions
     from dlrm_platform.train.batches import unpack_dedup_batch
     from dlrm_platform.ingest.synthetic import generate_dataset
     from dlrm_platform.ingest.transforms import TransformSpec
@@ -479,14 +479,14 @@ def session_batches(workdir: Path, samples: int, batch_size: int) -> tuple[list[
     ddir = workdir / "sessions-dedup"
     shutil.rmtree(ddir, ignore_errors=True)
     cols = job.data.columns
-    dedup.convert_split_local(files, cols, ddir)
+    dedup_convert.convert_split_local(files, cols, ddir)
     spec = TransformSpec.from_config(cols, job.ingest, workdir / "quarantine")
     packed: list[pa.Table] = []
     for users in sorted((ddir / "users").glob("part-*.parquet")):
-        block = dedup.read_session_shard(str(users), str(ddir / "samples" / users.name), cols, spec.quarantine_dir)
-        for fn in (dedup.parse, dedup.dense_transform, dedup.sparse_transform):
+        block = dedup_sessions.read_session_shard(str(users), str(ddir / "samples" / users.name), cols, spec.quarantine_dir)
+        for fn in (dedup_operators.parse, dedup_operators.dense_transform, dedup_operators.sparse_transform):
             block = fn(block, spec)
-        rows = dedup.batch(block, spec, batch_size)
+        rows = dedup_operators.batch(block, spec, batch_size)
         packed += [rows.slice(i, 1) for i in range(rows.num_rows)]
     full = [p for p in packed if int(p.column("num_samples")[0].as_py()) == batch_size] or packed
     expanded = [unpack_dedup_batch(p, cols.user_sparse_features, cols.item_sparse_features, len(cols.user.dense),
