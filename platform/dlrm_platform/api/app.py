@@ -19,9 +19,10 @@ from fastapi.responses import JSONResponse
 from dlrm_platform import __version__
 from dlrm_platform.api.backend import JobBackend, RayJobsBackend
 from dlrm_platform.api.db import Database
+from dlrm_platform.api.errors import InvalidRequest, ServiceError
 from dlrm_platform.api.metrics import ServiceMetrics
 from dlrm_platform.api.routes import health, jobs, metrics
-from dlrm_platform.api.service import InvalidRequest, JobService, ServiceError
+from dlrm_platform.api.service import JobService
 from dlrm_platform.api.settings import ApiSettings
 from dlrm_platform.api.tracking import Tracker
 from dlrm_platform.redact import redact_text
