@@ -126,7 +126,7 @@ class Data:
 
 def prepare(workdir: Path, k: int, samples: int, precision: str) -> tuple[Data, dict[str, float]]:
     from dlrm_platform.ingest import dedup_convert, dedup_storage
-    from dlrm_platform.ingest.synthetic import generate_dataset
+    from dlrm_platform.ingest.synthetic_data import generate_dataset
 
     job = make_job(workdir, k, samples, precision)
     gen = generate_dataset(job.data, overwrite=True, progress=False)
@@ -357,7 +357,7 @@ def measure_auc(job, reference_seed: int, plain: list, ded: list, eval_plain: li
                 epochs: int) -> dict[str, float]:
     import torch
 
-    from dlrm_platform.train.metrics import auc
+    from dlrm_platform.train.eval_metrics import auc
     from dlrm_platform.train.model import build_dlrm
 
     torch.manual_seed(reference_seed)

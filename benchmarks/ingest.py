@@ -115,7 +115,7 @@ def load(overrides: list[str]):
 
 
 def ensure_data(job) -> None:
-    from dlrm_platform.ingest.synthetic import generate_dataset
+    from dlrm_platform.ingest.synthetic_data import generate_dataset
 
     if not (job.data.path / "train").is_dir():
         generate_dataset(job.data, overwrite=True, progress=False)

@@ -343,7 +343,7 @@ class Ours(Variant):
         from dlrm_platform.train.dedup_model import build_job_model
         from dlrm_platform.train.loop import Worker
         from dlrm_platform.train.model import build_dense_optimizer
-        from dlrm_platform.train.tracking import NullTracker
+        from dlrm_platform.train.mlflow_logger import NullTracker
 
         self.name, self.job, self.device, self.packed = name, job, device, packed
         self.model = build_job_model(job, device)
@@ -468,7 +468,7 @@ def session_batches(workdir: Path, samples: int, batch_size: int) -> tuple[list[
     """Dedup-packed IKJT batches (full ones) of a synthetic session dataset, and their plain expansions."""
     from dlrm_platform.ingest import dedup_convert, dedup_operators, dedup_sessions
     from dlrm_platform.train.batches import unpack_dedup_batch
-    from dlrm_platform.ingest.synthetic import generate_dataset
+    from dlrm_platform.ingest.synthetic_data import generate_dataset
     from dlrm_platform.ingest.transforms import TransformSpec
 
     job = session_job(workdir, samples, batch_size, dedup=True)  # the MLPs play no part in the batches
@@ -509,14 +509,14 @@ def auc_check(workdir: Path, sessions: int, batch_size: int, device, mlps=None, 
 
     from dlrm_platform.config import load_job_config
     from dlrm_platform.ingest import transforms
-    from dlrm_platform.ingest.synthetic import generate_dataset
+    from dlrm_platform.ingest.synthetic_data import generate_dataset
     from dlrm_platform.ingest.transforms import TransformSpec
     from dlrm_platform.train.dedup_model import build_job_model
     from dlrm_platform.train.loop import Worker, lockstep_batches
-    from dlrm_platform.train.metrics import auc
+    from dlrm_platform.train.eval_metrics import auc
     from dlrm_platform.train.model import build_dense_optimizer
     from dlrm_platform.train.perf import Precision
-    from dlrm_platform.train.tracking import NullTracker
+    from dlrm_platform.train.mlflow_logger import NullTracker
 
     overrides = [f"data.path={workdir / 'demo'}", f"data.synthetic.num_sessions={sessions}",
                  f"ingest.batch_size={batch_size}", "ingest.dedup=false"]

@@ -126,7 +126,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     import ray
     from mlflow.tracking import MlflowClient
 
-    from dlrm_platform import tracking
+    from dlrm_platform import mlflow_run
     from dlrm_platform.ingest.pipeline import cpu_budget, execution_options
     from dlrm_platform.ingest.source import validate_dataset
     from dlrm_platform.ingest.transforms import count_quarantined
@@ -144,8 +144,8 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     check_checkpoint_storage(job.train.storage_path or str(job.tracking.runs_dir.resolve() / "ray_results"),
                              need_bytes=estimate_checkpoint_bytes(job))
 
-    tracking_uri = tracking.resolve_tracking_uri(job.tracking)
-    run_id = tracking.start_job_run(job, tracking_uri, config_source=config_source, run_id=job.tracking.run_id)
+    tracking_uri = mlflow_run.resolve_tracking_uri(job.tracking)
+    run_id = mlflow_run.start_job_run(job, tracking_uri, config_source=config_source, run_id=job.tracking.run_id)
     client = MlflowClient(tracking_uri)
     log.info("MLflow run %s at %s", run_id, redact_text(tracking_uri))
     runs_dir = job.tracking.runs_dir.resolve()
@@ -301,17 +301,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
-    from dlrm_platform import tracking
+    from dlrm_platform import mlflow_run
     from dlrm_platform.config import TrackingConfig
 
     cfg = load_job_config(args.config).tracking if args.config else TrackingConfig()
-    cmd = tracking.ui_command(cfg, port=args.port)
+    cmd = mlflow_run.ui_command(cfg, port=args.port)
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     if mlflow_bin.exists():
         cmd[0] = str(mlflow_bin)
     elif shutil.which("mlflow") is None:
         raise UserError("mlflow is not installed in this environment; run `make install`")
-    print("serving", redact_text(tracking.resolve_tracking_uri(cfg)), f"at http://127.0.0.1:{args.port}", flush=True)
+    print("serving", redact_text(mlflow_run.resolve_tracking_uri(cfg)), f"at http://127.0.0.1:{args.port}", flush=True)
     return subprocess.call(cmd)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from api_fakes import FakeBackend, FakeTracker, Stack
 
-from dlrm_platform.api.tracking import Progress
+from dlrm_platform.api.mlflow_links import Progress
 
 
 def sets_of(entrypoint: str) -> dict[str, str]:
@@ -62,10 +62,10 @@ def test_submit_by_name_runs_to_success(stack: Stack):
 
 
 def test_progress_is_read_from_the_jobs_mlflow_run(tmp_path: Path):
-    """The real MLflow progress reader (api.tracking.MlflowTracker) on a real run, written by the
-    job's own MLflow logger (train.tracking) the way the train loop writes it."""
-    from dlrm_platform.api.tracking import MlflowTracker, init_backend_store
-    from dlrm_platform.train.tracking import MlflowTracker as JobTracker
+    """The real MLflow progress reader (api.mlflow_links.MlflowTracker) on a real run, written by the
+    job's own MLflow logger (train.mlflow_logger) the way the train loop writes it."""
+    from dlrm_platform.api.mlflow_links import MlflowTracker, init_backend_store
+    from dlrm_platform.train.mlflow_logger import MlflowTracker as JobTracker
 
     uri = init_backend_store(tmp_path / "mlflow" / "mlflow.db", tmp_path / "mlflow" / "artifacts")
     s = Stack(tmp_path, tracker=MlflowTracker(uri), progress_interval_s=1e-6)

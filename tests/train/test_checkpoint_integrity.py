@@ -27,7 +27,7 @@ from dlrm_platform.train.checkpoint import (
 )
 from dlrm_platform.train.loop import StepBatch, Worker
 from dlrm_platform.train.model import build_dense_optimizer, build_sharded_model
-from dlrm_platform.train.tracking import NullTracker
+from dlrm_platform.train.mlflow_logger import NullTracker
 
 
 def _worker(job) -> Worker:

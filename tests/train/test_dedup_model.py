@@ -24,7 +24,7 @@ from dlrm_platform.train.dedup_model import (
 )
 from dlrm_platform.train.loop import StepBatch, Worker
 from dlrm_platform.train.model import DLRMTrain, build_dense_optimizer, build_dlrm, build_sharded_model
-from dlrm_platform.train.tracking import NullTracker
+from dlrm_platform.train.mlflow_logger import NullTracker
 
 HASH = 97
 

@@ -20,7 +20,7 @@ from dlrm_platform.train.model import (
     resolve_sharding,
     table_name,
 )
-from dlrm_platform.train.tracking import NullTracker
+from dlrm_platform.train.mlflow_logger import NullTracker
 
 SPARSE = ["uc", "hist", "ic"]
 EBC = "model.sparse_arch.embedding_bag_collection"

@@ -24,7 +24,7 @@ from dlrm_platform.train.perf import (
     plan_threads,
     resolve_precision,
 )
-from dlrm_platform.train.tracking import NullTracker
+from dlrm_platform.train.mlflow_logger import NullTracker
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")

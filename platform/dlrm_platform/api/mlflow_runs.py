@@ -19,7 +19,7 @@ from sqlalchemy import select
 from dlrm_platform.api.db import Database, JobHistory, JobRecord, JobStatus
 from dlrm_platform.api.job_logs import JobFiles
 from dlrm_platform.api.settings import ApiSettings
-from dlrm_platform.api.tracking import JOB_ID_TAG, USER_TAG, Tracker
+from dlrm_platform.api.mlflow_links import JOB_ID_TAG, USER_TAG, Tracker
 
 __all__ = ["MlflowRuns"]
 

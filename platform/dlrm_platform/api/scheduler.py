@@ -24,10 +24,10 @@ from dlrm_platform.api import policy
 from dlrm_platform.api.backend import BackendJob, BackendUnavailable, JobBackend
 from dlrm_platform.api.db import ACTIVE, NOT_TERMINAL, Database, JobHistory, JobRecord, JobStatus
 from dlrm_platform.api.job_logs import JobFiles, JobLogs, submission_id
-from dlrm_platform.api.metrics import ServiceMetrics
+from dlrm_platform.api.prometheus import ServiceMetrics
 from dlrm_platform.api.mlflow_runs import MlflowRuns
 from dlrm_platform.api.settings import ApiSettings
-from dlrm_platform.api.tracking import JOB_ID_TAG, USER_TAG
+from dlrm_platform.api.mlflow_links import JOB_ID_TAG, USER_TAG
 from dlrm_platform.paths import DATA_ROOTS_ENV, OUTPUT_ROOTS_ENV
 from dlrm_platform.redact import redact_text
 

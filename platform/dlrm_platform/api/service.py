@@ -36,12 +36,12 @@ from dlrm_platform.api.db import (
 from dlrm_platform.api.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from dlrm_platform.api.job_configs import ConfigResolver
 from dlrm_platform.api.job_logs import JobFiles, JobLogs
-from dlrm_platform.api.metrics import ServiceMetrics
+from dlrm_platform.api.prometheus import ServiceMetrics
 from dlrm_platform.api.mlflow_runs import MlflowRuns
 from dlrm_platform.api.schemas.requests import JobSubmitRequest
 from dlrm_platform.api.scheduler import Scheduler
 from dlrm_platform.api.settings import ApiSettings
-from dlrm_platform.api.tracking import Tracker
+from dlrm_platform.api.mlflow_links import Tracker
 from dlrm_platform.api.view_cache import ViewCache
 
 __all__ = ["JobService", "new_job_id"]

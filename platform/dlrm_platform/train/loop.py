@@ -80,7 +80,7 @@ from dlrm_platform.train.checkpoint import (
     usable_checkpoint,
 )
 from dlrm_platform.train.feed import Decoded, ShardFeeder
-from dlrm_platform.train.metrics import auc, logloss_from_logits
+from dlrm_platform.train.eval_metrics import auc, logloss_from_logits
 from dlrm_platform.train.dedup_model import batch_codec, build_job_model
 from dlrm_platform.train.model import build_dense_optimizer
 from dlrm_platform.train.perf import (
@@ -94,7 +94,7 @@ from dlrm_platform.train.perf import (
     resolve_precision,
     visible_cpus,
 )
-from dlrm_platform.train.tracking import Tracker, make_tracker
+from dlrm_platform.train.mlflow_logger import Tracker, make_tracker
 
 __all__ = [
     "FAULT_FILE_ENV",

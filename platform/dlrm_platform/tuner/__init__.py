@@ -42,7 +42,7 @@ Integration API (what the pipeline builder calls)
 Layout: ``ray_hooks`` (the one module touching ``ray.data._internal``),
 ``controller``/``observe``/``actions``/``features`` (observe, mask, act),
 ``policies``/``plumber``/``rl`` (decisions), ``simulator``/``rl_train``
-(offline RL pretraining), ``synthetic`` (YAML-described benchmark pipelines),
+(offline RL pretraining), ``sleep_pipelines`` (YAML-described benchmark pipelines),
 ``analysis`` (``dlrm-platform analyze``), ``cli``.
 """
 

@@ -111,7 +111,7 @@ def run_pipeline_file(path: str | Path, seconds: float, warmup_s: float = 5.0) -
 
     from dlrm_platform import tuner as tuner_api
     from dlrm_platform.config import TunerConfig
-    from dlrm_platform.tuner.synthetic import build_dataset, load_pipeline, stop_storage
+    from dlrm_platform.tuner.sleep_pipelines import build_dataset, load_pipeline, stop_storage
 
     pipe = load_pipeline(path)
     specs = pipe.op_specs()
