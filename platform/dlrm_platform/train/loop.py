@@ -68,6 +68,7 @@ import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 
+from dlrm_platform import run_metrics
 from dlrm_platform.config import JobConfig
 from dlrm_platform.ingest.batching import packed_digest
 from dlrm_platform.ingest.dedup_batching import packed_batch_stats
@@ -499,11 +500,12 @@ class Worker:
 
     def _log_step(self, step: StepBatch, loss_sum: float, compute_s: float) -> None:
         metrics = {
-            "samples_per_s": step.global_samples / max(step.wait_s + compute_s, 1e-9),
-            "data_wait_fraction": step.wait_s / max(step.wait_s + compute_s, 1e-9),
+            run_metrics.SAMPLES_PER_S: step.global_samples / max(step.wait_s + compute_s, 1e-9),
+            run_metrics.DATA_WAIT_FRACTION: step.wait_s / max(step.wait_s + compute_s, 1e-9),
+            run_metrics.STEPS_DONE: float(self.progress.global_step),
         }
         if step.num_samples:
-            metrics["loss"] = loss_sum / step.num_samples
+            metrics[run_metrics.LOSS] = loss_sum / step.num_samples
             metrics.update(step.stats)
         self.tracker.log_step(self.progress.global_step, metrics)
 
