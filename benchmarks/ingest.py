@@ -163,7 +163,7 @@ def pipeline_alone(job, quarantine: Path, data_cpus: float = 1.0) -> dict[str, f
     from ray.data import DataContext, ExecutionOptions, ExecutionResources
 
     from dlrm_platform.ingest.source import validate_dataset
-    from dlrm_platform.job import build_tuned_datasets
+    from dlrm_platform.tuner.job_pipelines import build_tuned_datasets
 
     files = validate_dataset(job.data)
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")

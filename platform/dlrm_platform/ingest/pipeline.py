@@ -219,7 +219,8 @@ def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[
     operators run fused as that one operator (:mod:`.fused`), else split.
     """
     spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine_dir)
-    if job.dedup_enabled:
+    sessions = job.dedup_enabled  # the one switch (config.JobConfig.dedup_enabled); the trainer's model follows it
+    if sessions:
         train_src, eval_src = dedup_convert.dedup_job_shards(job, train_files, eval_files)
         files = {"train": [f for pair in train_src for f in pair], "eval": [f for pair in eval_src for f in pair]}
     else:
@@ -228,11 +229,11 @@ def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[
     if fused_op is not None:
         plan = fused.plan_blocks(job.ingest)
         return PipelineDatasets(
-            train=build_fused_dataset(train_src, spec, job.ingest, fused_op, plan.rows, sessions=job.dedup_enabled),
-            eval=build_fused_dataset(eval_src, spec, job.ingest, fused_op, plan.rows, sessions=job.dedup_enabled),
+            train=build_fused_dataset(train_src, spec, job.ingest, fused_op, plan.rows, sessions=sessions),
+            eval=build_fused_dataset(eval_src, spec, job.ingest, fused_op, plan.rows, sessions=sessions),
             quarantine_dir=quarantine_dir, files=files, fused=True, block_rows=plan.rows,
         )
-    if job.dedup_enabled:
+    if sessions:
         train, eval_ = (build_dedup_dataset(train_src, spec, job.ingest),
                         build_dedup_dataset(eval_src, spec, job.ingest))
     else:
