@@ -29,7 +29,7 @@ import pyarrow as pa
 import ray
 from ray.data import Dataset, ExecutionOptions, ExecutionResources, TaskPoolStrategy
 
-from dlrm_platform.config import IngestConfig, JobConfig, OperatorConfig
+from dlrm_platform.config import OPERATOR_NAMES, IngestConfig, JobConfig, OperatorConfig
 from dlrm_platform.errors import UserError
 from dlrm_platform.ingest import dedup_convert, dedup_operators, fused, transforms
 from dlrm_platform.ingest.dedup_sessions import SessionParquetDatasource
@@ -37,8 +37,6 @@ from dlrm_platform.ingest.transforms import TransformSpec
 
 log = logging.getLogger(__name__)
 
-# Pipeline order; the names are the operator names Ray Data shows (MapBatches(<name>)).
-OPERATOR_NAMES = ("read", "parse", "dense_transform", "sparse_transform", "batch")
 _MAP_OPERATORS: tuple[tuple[str, Callable[[pa.Table, TransformSpec], pa.Table]], ...] = (
     ("parse", transforms.parse),
     ("dense_transform", transforms.dense_transform),
