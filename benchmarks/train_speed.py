@@ -355,7 +355,7 @@ class Ours(Variant):
         self.torch = torch
 
     def run(self, indices: list[int]) -> int:
-        from dlrm_platform.train.loop import lockstep_batches
+        from dlrm_platform.train.lockstep import lockstep_batches
 
         n = 0
         for step in lockstep_batches(_Shard([self.packed[i] for i in indices]), self.job, self.device):

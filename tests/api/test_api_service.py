@@ -138,7 +138,8 @@ def test_progress_reads_the_metrics_the_worker_logs_without_the_loss_history(tmp
     from types import SimpleNamespace
 
     from dlrm_platform.api.mlflow_links import MlflowTracker, init_backend_store
-    from dlrm_platform.train.loop import StepBatch, Worker
+    from dlrm_platform.train.lockstep import StepBatch
+    from dlrm_platform.train.loop import Worker
     from dlrm_platform.train.mlflow_logger import MlflowTracker as JobTracker
 
     uri = init_backend_store(tmp_path / "mlflow" / "mlflow.db", tmp_path / "mlflow" / "artifacts")

@@ -9,7 +9,8 @@ import torch
 
 from dlrm_platform.config import TrainConfig
 from dlrm_platform.train.batches import unpack_batch
-from dlrm_platform.train.loop import StepBatch, Worker, lockstep_batches
+from dlrm_platform.train.lockstep import StepBatch, lockstep_batches
+from dlrm_platform.train.loop import Worker
 from dlrm_platform.train.model import (
     CPU_SHARDING_1_WORKER,
     build_dense_optimizer,
