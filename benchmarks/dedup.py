@@ -125,8 +125,8 @@ class Data:
 
 
 def prepare(workdir: Path, k: int, samples: int, precision: str) -> tuple[Data, dict[str, float]]:
-    from dlrm_platform.ingest import dedup
-    from dlrm_platform.ingest.synthetic import generate_dataset
+    from dlrm_platform.ingest import dedup_convert, dedup_storage
+    from dlrm_platform.ingest.synthetic_data import generate_dataset
 
     job = make_job(workdir, k, samples, precision)
     gen = generate_dataset(job.data, overwrite=True, progress=False)
@@ -135,8 +135,8 @@ def prepare(workdir: Path, k: int, samples: int, precision: str) -> tuple[Data, 
     ddir = workdir / f"k{k}" / "dedup"
     shutil.rmtree(ddir, ignore_errors=True)
     cols = job.data.columns
-    rep_t = dedup.convert_split_local(train, cols, ddir / "train")
-    rep_e = dedup.convert_split_local(eval_, cols, ddir / "eval")
+    rep_t = dedup_convert.convert_split_local(train, cols, ddir / "train")
+    rep_e = dedup_convert.convert_split_local(eval_, cols, ddir / "eval")
     data = Data(k, job, train, eval_, ddir)
     data.train_pairs = _pairs(ddir / "train")
     data.eval_pairs = _pairs(ddir / "eval")
@@ -147,7 +147,7 @@ def prepare(workdir: Path, k: int, samples: int, precision: str) -> tuple[Data, 
     for f in train + eval_:
         t = pq.read_table(f)
         buf = io.BytesIO()
-        pq.write_table(t, buf, **dedup.parquet_options(t.schema, cols.session_key))
+        pq.write_table(t, buf, **dedup_storage.parquet_options(t.schema, cols.session_key))
         tuned += buf.tell()
     return data, {
         "samples": gen.train_rows + gen.eval_rows,
@@ -183,15 +183,15 @@ def plain_preprocess(files: list[str], job, spec) -> tuple[list[pa.Table], float
 
 
 def dedup_preprocess(pairs: list[tuple[str, str]], job, spec) -> tuple[list[pa.Table], float, int]:
-    from dlrm_platform.ingest import dedup
+    from dlrm_platform.ingest import dedup_operators, dedup_sessions
 
     start = cpu_time()
     out, n = [], 0
     for u, s in pairs:
-        b = dedup.read_session_shard(u, s, job.data.columns, spec.quarantine_dir)
-        for fn in (dedup.parse, dedup.dense_transform, dedup.sparse_transform):
+        b = dedup_sessions.read_session_shard(u, s, job.data.columns, spec.quarantine_dir)
+        for fn in (dedup_operators.parse, dedup_operators.dense_transform, dedup_operators.sparse_transform):
             b = fn(b, spec)
-        packed = dedup.batch(b, spec, job.ingest.batch_size)
+        packed = dedup_operators.batch(b, spec, job.ingest.batch_size)
         out += [packed.slice(i, 1) for i in range(packed.num_rows)]
         n += int(sum(packed.column("num_samples").to_pylist()))
     return out, cpu_time() - start, n
@@ -357,7 +357,7 @@ def measure_auc(job, reference_seed: int, plain: list, ded: list, eval_plain: li
                 epochs: int) -> dict[str, float]:
     import torch
 
-    from dlrm_platform.train.metrics import auc
+    from dlrm_platform.train.eval_metrics import auc
     from dlrm_platform.train.model import build_dlrm
 
     torch.manual_seed(reference_seed)
@@ -384,7 +384,7 @@ def measure_end_to_end(data: Data, rounds: int) -> dict[str, float]:
     from ray.data import DataContext, ExecutionResources
 
     from dlrm_platform.train.batches import unpack_batch
-    from dlrm_platform.ingest.dedup import build_dedup_dataset
+    from dlrm_platform.ingest.pipeline import build_dedup_dataset
     from dlrm_platform.train.batches import unpack_dedup_batch
     from dlrm_platform.ingest.pipeline import build_dataset
     from dlrm_platform.ingest.transforms import TransformSpec

@@ -115,7 +115,7 @@ def load(overrides: list[str]):
 
 
 def ensure_data(job) -> None:
-    from dlrm_platform.ingest.synthetic import generate_dataset
+    from dlrm_platform.ingest.synthetic_data import generate_dataset
 
     if not (job.data.path / "train").is_dir():
         generate_dataset(job.data, overwrite=True, progress=False)
@@ -128,20 +128,20 @@ def inprocess(job, quarantine: Path) -> dict[str, float]:
     """Samples per CPU-second of read + the four transforms in this process (best of 2 passes)."""
     import pyarrow.parquet as pq
 
-    from dlrm_platform.ingest import dedup, fused
+    from dlrm_platform.ingest import dedup_convert, dedup_sessions, fused
     from dlrm_platform.ingest.source import validate_dataset
     from dlrm_platform.ingest.transforms import TransformSpec
 
     files = validate_dataset(job.data)
     spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine)
     if job.dedup_enabled:
-        pairs, _ = dedup.dedup_job_shards(job, files.train, files.eval)
+        pairs, _ = dedup_convert.dedup_job_shards(job, files.train, files.eval)
     best = 0.0
     for _ in range(2):
         start, n = time.process_time(), 0
         if job.dedup_enabled:
             for u, s in pairs:
-                out = fused.preprocess_sessions(dedup.read_session_shard(u, s, job.data.columns, str(quarantine)),
+                out = fused.preprocess_sessions(dedup_sessions.read_session_shard(u, s, job.data.columns, str(quarantine)),
                                                 spec, job.ingest.batch_size)
                 n += sum(out.column("num_samples").to_pylist())
         else:
@@ -163,7 +163,7 @@ def pipeline_alone(job, quarantine: Path, data_cpus: float = 1.0) -> dict[str, f
     from ray.data import DataContext, ExecutionOptions, ExecutionResources
 
     from dlrm_platform.ingest.source import validate_dataset
-    from dlrm_platform.job import build_tuned_datasets
+    from dlrm_platform.tuner.job_pipelines import build_tuned_datasets
 
     files = validate_dataset(job.data)
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")

@@ -343,7 +343,7 @@ class Ours(Variant):
         from dlrm_platform.train.dedup_model import build_job_model
         from dlrm_platform.train.loop import Worker
         from dlrm_platform.train.model import build_dense_optimizer
-        from dlrm_platform.train.tracking import NullTracker
+        from dlrm_platform.train.mlflow_logger import NullTracker
 
         self.name, self.job, self.device, self.packed = name, job, device, packed
         self.model = build_job_model(job, device)
@@ -355,7 +355,7 @@ class Ours(Variant):
         self.torch = torch
 
     def run(self, indices: list[int]) -> int:
-        from dlrm_platform.train.loop import lockstep_batches
+        from dlrm_platform.train.lockstep import lockstep_batches
 
         n = 0
         for step in lockstep_batches(_Shard([self.packed[i] for i in indices]), self.job, self.device):
@@ -466,9 +466,9 @@ def measure(variants: list[Variant], num_batches: int, rounds: int, steps: int, 
 
 def session_batches(workdir: Path, samples: int, batch_size: int) -> tuple[list[pa.Table], list[Any]]:
     """Dedup-packed IKJT batches (full ones) of a synthetic session dataset, and their plain expansions."""
-    from dlrm_platform.ingest import dedup
+    from dlrm_platform.ingest import dedup_convert, dedup_operators, dedup_sessions
     from dlrm_platform.train.batches import unpack_dedup_batch
-    from dlrm_platform.ingest.synthetic import generate_dataset
+    from dlrm_platform.ingest.synthetic_data import generate_dataset
     from dlrm_platform.ingest.transforms import TransformSpec
 
     job = session_job(workdir, samples, batch_size, dedup=True)  # the MLPs play no part in the batches
@@ -479,14 +479,14 @@ def session_batches(workdir: Path, samples: int, batch_size: int) -> tuple[list[
     ddir = workdir / "sessions-dedup"
     shutil.rmtree(ddir, ignore_errors=True)
     cols = job.data.columns
-    dedup.convert_split_local(files, cols, ddir)
+    dedup_convert.convert_split_local(files, cols, ddir)
     spec = TransformSpec.from_config(cols, job.ingest, workdir / "quarantine")
     packed: list[pa.Table] = []
     for users in sorted((ddir / "users").glob("part-*.parquet")):
-        block = dedup.read_session_shard(str(users), str(ddir / "samples" / users.name), cols, spec.quarantine_dir)
-        for fn in (dedup.parse, dedup.dense_transform, dedup.sparse_transform):
+        block = dedup_sessions.read_session_shard(str(users), str(ddir / "samples" / users.name), cols, spec.quarantine_dir)
+        for fn in (dedup_operators.parse, dedup_operators.dense_transform, dedup_operators.sparse_transform):
             block = fn(block, spec)
-        rows = dedup.batch(block, spec, batch_size)
+        rows = dedup_operators.batch(block, spec, batch_size)
         packed += [rows.slice(i, 1) for i in range(rows.num_rows)]
     full = [p for p in packed if int(p.column("num_samples")[0].as_py()) == batch_size] or packed
     expanded = [unpack_dedup_batch(p, cols.user_sparse_features, cols.item_sparse_features, len(cols.user.dense),
@@ -509,14 +509,14 @@ def auc_check(workdir: Path, sessions: int, batch_size: int, device, mlps=None, 
 
     from dlrm_platform.config import load_job_config
     from dlrm_platform.ingest import transforms
-    from dlrm_platform.ingest.synthetic import generate_dataset
+    from dlrm_platform.ingest.synthetic_data import generate_dataset
     from dlrm_platform.ingest.transforms import TransformSpec
     from dlrm_platform.train.dedup_model import build_job_model
     from dlrm_platform.train.loop import Worker, lockstep_batches
-    from dlrm_platform.train.metrics import auc
+    from dlrm_platform.train.eval_metrics import auc
     from dlrm_platform.train.model import build_dense_optimizer
     from dlrm_platform.train.perf import Precision
-    from dlrm_platform.train.tracking import NullTracker
+    from dlrm_platform.train.mlflow_logger import NullTracker
 
     overrides = [f"data.path={workdir / 'demo'}", f"data.synthetic.num_sessions={sessions}",
                  f"ingest.batch_size={batch_size}", "ingest.dedup=false"]

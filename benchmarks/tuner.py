@@ -68,7 +68,7 @@ from dlrm_platform.config import TunerConfig  # noqa: E402
 from dlrm_platform.tuner.observe import OccupiedSlotRates  # noqa: E402
 from dlrm_platform.tuner.policies import enumerate_allocations  # noqa: E402
 from dlrm_platform.tuner.simulator import from_profile  # noqa: E402
-from dlrm_platform.tuner.synthetic import (  # noqa: E402
+from dlrm_platform.tuner.sleep_pipelines import (  # noqa: E402
     PipelineDef,
     build_dataset,
     expected_optimum,

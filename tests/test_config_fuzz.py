@@ -154,14 +154,14 @@ def test_deeply_nested_config_is_a_config_error() -> None:
 def test_run_rejects_an_invalid_config_before_ray_or_mlflow(override, monkeypatch, tmp_path, capsys) -> None:
     import ray
 
-    from dlrm_platform import cli, job, tracking
+    from dlrm_platform import cli, job, mlflow_run
 
     def forbidden(*args, **kwargs):
         raise AssertionError("Ray or MLflow work started for an invalid config")
 
     monkeypatch.setattr(ray, "init", forbidden)
     monkeypatch.setattr(job, "run_job", forbidden)
-    monkeypatch.setattr(tracking, "start_job_run", forbidden)
+    monkeypatch.setattr(mlflow_run, "start_job_run", forbidden)
     code = cli.main(["run", str(CONFIGS[0]), "--set", override, "--set", f"tracking.runs_dir={tmp_path}/runs"])
     assert code == 2
     assert override.split("=")[0] in capsys.readouterr().err

@@ -94,7 +94,7 @@ def test_run_job_checks_paths_before_anything_starts(tmp_path: Path, roots, monk
     import ray
 
     from dlrm_platform import job as job_module
-    from dlrm_platform import tracking
+    from dlrm_platform import mlflow_run
 
     data, runs = roots
     os.symlink(tmp_path / "elsewhere", data / "swapped")
@@ -105,7 +105,7 @@ def test_run_job_checks_paths_before_anything_starts(tmp_path: Path, roots, monk
         raise AssertionError("started work for a job whose paths escape")
 
     monkeypatch.setattr(ray, "init", forbidden)
-    monkeypatch.setattr(tracking, "start_job_run", forbidden)
+    monkeypatch.setattr(mlflow_run, "start_job_run", forbidden)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(PathEscapeError, match="symbolic link"):
         job_module.run_job(_job(tmp_path, f"data.path={data}/swapped"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -201,6 +201,11 @@ class OperatorsConfig(StrictModel):
     batch: OperatorConfig = Field(default_factory=OperatorConfig)
 
 
+# The ingest operators, in pipeline order: the fields above, the names Ray Data shows (MapBatches(<name>)),
+# the tuner's knobs (dlrm_platform.tuner.operator_specs).
+OPERATOR_NAMES: tuple[str, ...] = tuple(OperatorsConfig.model_fields)
+
+
 def _on_off(value: Any) -> Any:
     """YAML reads a bare ``on``/``off`` as a boolean: take it as the word it was."""
     return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
@@ -317,10 +322,15 @@ class TrainConfig(StrictModel):
 # --------------------------------------------------------------------------- tuner
 
 
+# The tuner's policies (dlrm_platform.tuner.policies.POLICY_CLASSES implements each).
+TunerPolicy = Literal["static", "ray_default", "plumber", "hill_climb", "rl", "oracle"]
+TUNER_POLICIES: tuple[str, ...] = get_args(TunerPolicy)
+
+
 class TunerConfig(StrictModel):
     """Per-operator concurrency control of the live pipeline."""
 
-    policy: Literal["static", "ray_default", "plumber", "hill_climb", "rl", "oracle"] = "static"
+    policy: TunerPolicy = "static"
     interval_s: float = Field(1.0, gt=0, description="seconds between observations/actions")
     policy_path: Path | None = Field(default=None, description="RL policy checkpoint; None = the shipped one")
     object_store_limit_fraction: float = Field(

@@ -10,21 +10,19 @@ dataset is reported before Ray starts, and the MLflow run is marked FAILED
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dlrm_platform.config import JobConfig, RayClusterConfig, load_job_config
+from dlrm_platform.config import JobConfig, load_job_config
 from dlrm_platform.errors import UserError
 from dlrm_platform.paths import enforce_job_paths
+from dlrm_platform.ray_cluster import ray_session
 from dlrm_platform.redact import redact_text
 
 log = logging.getLogger("dlrm_platform.job")
@@ -98,40 +96,18 @@ def open_hint(tracking_uri: str) -> str:
     return "make ui  (or: dlrm-platform ui), then http://127.0.0.1:5000"
 
 
-@contextlib.contextmanager
-def ray_session(cfg: RayClusterConfig, *, verbose: bool = False) -> Iterator[None]:
-    """Connect to ``cfg.address`` (or $RAY_ADDRESS, as under `ray job submit`), else start a local cluster."""
-    import ray
-
-    if ray.is_initialized():  # a caller (a test, a notebook) owns the cluster
-        yield
-        return
-    address = cfg.address or os.environ.get("RAY_ADDRESS")
-    kwargs: dict = {"logging_level": logging.INFO if verbose else logging.WARNING}
-    if address:
-        log.info("connecting to Ray at %s", address)
-        ray.init(address=address, **kwargs)
-    else:
-        log.info("starting a local Ray cluster (%s CPUs)", cfg.num_cpus or "all")
-        # address="local": never attach to some other Ray instance found on this machine.
-        ray.init(address="local", num_cpus=cfg.num_cpus, **kwargs)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool = False) -> JobSummary:
     """Run ``job`` end to end and return its summary."""
     import ray
     from mlflow.tracking import MlflowClient
 
-    from dlrm_platform import tracking
+    from dlrm_platform import mlflow_run
     from dlrm_platform.ingest.pipeline import cpu_budget, execution_options
     from dlrm_platform.ingest.source import validate_dataset
     from dlrm_platform.ingest.transforms import count_quarantined
     from dlrm_platform.train.checkpoint import check_checkpoint_storage, estimate_checkpoint_bytes
     from dlrm_platform.train.trainer import run_training
+    from dlrm_platform.tuner.job_pipelines import build_tuned_datasets
 
     started = time.time()
     enforce_job_paths(job)  # under the job service: every path inside its data/output roots (dlrm_platform.paths)
@@ -144,8 +120,8 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     check_checkpoint_storage(job.train.storage_path or str(job.tracking.runs_dir.resolve() / "ray_results"),
                              need_bytes=estimate_checkpoint_bytes(job))
 
-    tracking_uri = tracking.resolve_tracking_uri(job.tracking)
-    run_id = tracking.start_job_run(job, tracking_uri, config_source=config_source, run_id=job.tracking.run_id)
+    tracking_uri = mlflow_run.resolve_tracking_uri(job.tracking)
+    run_id = mlflow_run.start_job_run(job, tracking_uri, config_source=config_source, run_id=job.tracking.run_id)
     client = MlflowClient(tracking_uri)
     log.info("MLflow run %s at %s", run_id, redact_text(tracking_uri))
     runs_dir = job.tracking.runs_dir.resolve()
@@ -204,40 +180,6 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
         raise
     finally:
         client.set_terminated(run_id, status=status)
-
-
-def build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus: float):
-    """The job's pipelines with the tuner installed on the train pipeline.
-
-    Fused (``ingest.fusion``): one read operator does read..batch; the tuner
-    records it and holds its task count. Split: the tuner sizes each
-    operator's task pool to the most it could ever give it (distinct sizes
-    also keep Ray from fusing neighbours into one operator) and caps running
-    tasks live, starting from the config's numbers.
-    """
-    from dlrm_platform import tuner
-    from dlrm_platform.ingest.fused import fusion_enabled
-    from dlrm_platform.ingest.pipeline import build_job_datasets, fused_operator, warm_data_workers
-
-    if fusion_enabled(job.ingest, job.tuner):
-        op = fused_operator(job.ingest, data_cpus)
-        warm_data_workers(op.concurrency + 1)  # the read tasks' processes import while the trainers start
-        datasets = build_job_datasets(job, files.train, files.eval, quarantine_dir, fused_op=op)
-        specs = [tuner.OpSpec("read", op.num_cpus, initial=op.concurrency)]
-        handle = tuner.attach(job.tuner, job.ingest, datasets.train.context, cpu_budget=data_cpus,
-                              operators=specs, options={"samples_per_sink_row": float(job.ingest.batch_size)})
-        log.info("pipeline: %s; %d tasks of %g CPU", datasets.describe(), op.concurrency, op.num_cpus)
-        return datasets, handle
-    pools = tuner.compute_strategies(job.tuner, job.ingest, cpu_budget=data_cpus)
-    operators = job.ingest.operators.model_copy(
-        update={name: getattr(job.ingest.operators, name).model_copy(update={"concurrency": pool.size})
-                for name, pool in pools.items()}
-    )
-    build_job = job.model_copy(update={"ingest": job.ingest.model_copy(update={"operators": operators})})
-    datasets = build_job_datasets(build_job, files.train, files.eval, quarantine_dir)
-    handle = tuner.attach(job.tuner, job.ingest, datasets.train.context, cpu_budget=data_cpus)
-    log.info("pipeline: %s; tuner: policy %s (CPU budget %g)", datasets.describe(), job.tuner.policy, data_cpus)
-    return datasets, handle
 
 
 def _log_tuner(handle, client, run_id: str) -> None:
@@ -301,17 +243,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
-    from dlrm_platform import tracking
+    from dlrm_platform import mlflow_run
     from dlrm_platform.config import TrackingConfig
 
     cfg = load_job_config(args.config).tracking if args.config else TrackingConfig()
-    cmd = tracking.ui_command(cfg, port=args.port)
+    cmd = mlflow_run.ui_command(cfg, port=args.port)
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     if mlflow_bin.exists():
         cmd[0] = str(mlflow_bin)
     elif shutil.which("mlflow") is None:
         raise UserError("mlflow is not installed in this environment; run `make install`")
-    print("serving", redact_text(tracking.resolve_tracking_uri(cfg)), f"at http://127.0.0.1:{args.port}", flush=True)
+    print("serving", redact_text(mlflow_run.resolve_tracking_uri(cfg)), f"at http://127.0.0.1:{args.port}", flush=True)
     return subprocess.call(cmd)
 
 

@@ -109,7 +109,7 @@ def check_job_paths(job, data_roots: Sequence[Path], output_roots: Sequence[Path
                 problems.append(PathProblem(field, str(err)))
                 continue
             if field == "data.path" and job.dedup_enabled and resolved.name:
-                # The dedup copy is written beside the data (ingest.dedup.default_dedup_dir; not imported: Ray).
+                # The dedup copy is written beside the data (ingest.dedup_storage.default_dedup_dir; not imported: Ray).
                 dedup = resolved.with_name(resolved.name + ".dedup")
                 try:
                     confine_path(dedup, roots, field="data.path", base=base)

@@ -15,7 +15,7 @@ from dlrm_platform.api.auth import create_api_key
 from dlrm_platform.api.backend import BackendJob, BackendUnavailable
 from dlrm_platform.api.service import JobService
 from dlrm_platform.api.settings import ApiSettings
-from dlrm_platform.api.tracking import Progress
+from dlrm_platform.api.mlflow_links import Progress
 
 TINY_CONFIG = """\
 name: tiny

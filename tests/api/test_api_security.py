@@ -14,7 +14,7 @@ from api_fakes import TINY_CONFIG, Stack
 from mlflow.tracking import MlflowClient
 
 from dlrm_platform.api import auth
-from dlrm_platform.api import tracking as api_tracking
+from dlrm_platform.api import mlflow_links
 from dlrm_platform.config import parse_job_config
 from dlrm_platform.errors import UserError
 from dlrm_platform.redact import redact_param, redact_text
@@ -129,7 +129,7 @@ def test_redaction() -> None:
 
 
 def test_secrets_never_become_mlflow_params_or_tags(tmp_path: Path) -> None:
-    from dlrm_platform.tracking import start_job_run
+    from dlrm_platform.mlflow_run import start_job_run
 
     raw = yaml.safe_load(TINY_CONFIG)
     raw["tracking"] = {"tracking_uri": "http://ci:hunter2@mlflow.internal:5000", "experiment": "sec",
@@ -171,29 +171,29 @@ def test_mlflow_server_is_loopback_unless_configured(tmp_path: Path) -> None:
     assert parser.parse_args(["serve-stack"]).mlflow_host == "127.0.0.1"
     assert parser.parse_args(["mlflow-server"]).host == "127.0.0.1"
     assert devstack.run_stack.__kwdefaults__["mlflow_host"] == "127.0.0.1"
-    assert api_tracking.start_server.__defaults__[0] == "127.0.0.1"
+    assert mlflow_links.start_server.__defaults__[0] == "127.0.0.1"
     for host in ("127.0.0.1", "localhost", "::1"):
-        assert api_tracking.is_loopback(host) and api_tracking.server_auth_for(host, tmp_path) is None
+        assert mlflow_links.is_loopback(host) and mlflow_links.server_auth_for(host, tmp_path) is None
     for host in ("0.0.0.0", "::", "10.1.2.3", "mlflow.example.com"):
-        assert not api_tracking.is_loopback(host)
+        assert not mlflow_links.is_loopback(host)
 
 
 def test_an_exposed_mlflow_server_gets_basic_auth(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("DLRM_MLFLOW_PASSWORD", raising=False)
     with pytest.raises(UserError, match="must use basic auth"):
-        api_tracking.server_auth_for("0.0.0.0", tmp_path, auth=False)
-    server_auth = api_tracking.server_auth_for("0.0.0.0", tmp_path)
+        mlflow_links.server_auth_for("0.0.0.0", tmp_path, auth=False)
+    server_auth = mlflow_links.server_auth_for("0.0.0.0", tmp_path)
     assert server_auth is not None and len(server_auth.password) >= 24
     assert server_auth.password_file.stat().st_mode & 0o077 == 0  # readable by its owner only
-    assert api_tracking.server_auth_for("0.0.0.0", tmp_path).password == server_auth.password  # stable
-    cmd = api_tracking.server_command("sqlite:///x.db", tmp_path, "0.0.0.0", 5000, auth=True)
+    assert mlflow_links.server_auth_for("0.0.0.0", tmp_path).password == server_auth.password  # stable
+    cmd = mlflow_links.server_command("sqlite:///x.db", tmp_path, "0.0.0.0", 5000, auth=True)
     assert cmd[cmd.index("--app-name") + 1] == "basic-auth"
     assert server_auth.password not in " ".join(cmd)  # never on a command line (ps shows it)
     assert server_auth.password not in server_auth.config_path.read_text()
     assert "default_permission = NO_PERMISSIONS" in server_auth.config_path.read_text()
     assert server_auth.server_env()["MLFLOW_AUTH_ADMIN_PASSWORD"] == server_auth.password
     monkeypatch.setenv("DLRM_MLFLOW_PASSWORD", "from-the-environment")
-    assert api_tracking.server_auth_for("10.0.0.1", tmp_path).password == "from-the-environment"
+    assert mlflow_links.server_auth_for("10.0.0.1", tmp_path).password == "from-the-environment"
 
 
 @pytest.mark.integration
@@ -207,7 +207,7 @@ def test_mlflow_server_with_basic_auth_refuses_anonymous_clients(tmp_path: Path,
 
     monkeypatch.delenv("DLRM_MLFLOW_PASSWORD", raising=False)
     port = free_port()
-    proc = api_tracking.start_server(tmp_path / "mlflow", port=port, auth=True)
+    proc = mlflow_links.start_server(tmp_path / "mlflow", port=port, auth=True)
     try:
         assert _listening_addresses(port) == {"127.0.0.1"}
         url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=1"

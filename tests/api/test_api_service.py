@@ -9,7 +9,7 @@ from pathlib import Path
 
 from api_fakes import FakeBackend, FakeTracker, Stack
 
-from dlrm_platform.api.tracking import Progress
+from dlrm_platform.api.mlflow_links import Progress
 
 
 def sets_of(entrypoint: str) -> dict[str, str]:
@@ -62,10 +62,10 @@ def test_submit_by_name_runs_to_success(stack: Stack):
 
 
 def test_progress_is_read_from_the_jobs_mlflow_run(tmp_path: Path):
-    """The real MLflow progress reader (api.tracking.MlflowTracker) on a real run, written by the
-    job's own MLflow logger (train.tracking) the way the train loop writes it."""
-    from dlrm_platform.api.tracking import MlflowTracker, init_backend_store
-    from dlrm_platform.train.tracking import MlflowTracker as JobTracker
+    """The real MLflow progress reader (api.mlflow_links.MlflowTracker) on a real run, written by the
+    job's own MLflow logger (train.mlflow_logger) the way the train loop writes it."""
+    from dlrm_platform.api.mlflow_links import MlflowTracker, init_backend_store
+    from dlrm_platform.train.mlflow_logger import MlflowTracker as JobTracker
 
     uri = init_backend_store(tmp_path / "mlflow" / "mlflow.db", tmp_path / "mlflow" / "artifacts")
     s = Stack(tmp_path, tracker=MlflowTracker(uri), progress_interval_s=1e-6)
@@ -98,6 +98,67 @@ def test_progress_is_read_from_the_jobs_mlflow_run(tmp_path: Path):
         assert (p["steps_done"], p["samples_per_s"], p["data_wait_fraction"]) == (20, 2020.0, 0.1)
     finally:
         s.close()
+
+
+def test_a_job_submitted_through_the_api_logs_its_config_params(tmp_path: Path):
+    """The service creates the job's MLflow run; the job, reopening it (tracking.run_id), logs its
+    resolved config as params once. A retry (train.resume_from set) leaves them as they are."""
+    from mlflow.tracking import MlflowClient
+
+    from dlrm_platform.api.mlflow_links import MlflowTracker, init_backend_store
+    from dlrm_platform.config import load_job_config
+    from dlrm_platform.mlflow_run import start_job_run
+
+    uri = init_backend_store(tmp_path / "mlflow" / "mlflow.db", tmp_path / "mlflow" / "artifacts")
+    s = Stack(tmp_path, tracker=MlflowTracker(uri))
+    try:
+        job_id = s.submit("alice", overrides={"train.epochs": 2})["id"]
+        s.service.tick()
+        ep = s.backend.submissions[-1]["entrypoint"]
+        sets = sets_of(ep)
+        cfg_path = Path(shlex.split(ep.partition(" && exec ")[2])[4])
+        run_id = s.job(job_id)["mlflow_run_id"]
+        assert sets["tracking.run_id"] == json.dumps(run_id)
+        job = load_job_config(cfg_path, [f"{k}={v}" for k, v in sets.items()])  # as the job's `run` reads it
+        assert start_job_run(job, uri, run_id=job.tracking.run_id) == run_id
+        params = MlflowClient(uri).get_run(run_id).data.params
+        assert params["train.epochs"] == "2" and params["name"] == "tiny"
+        assert params["tracking.tags.job_id"] == job_id
+
+        retry = load_job_config(cfg_path, [*(f"{k}={v}" for k, v in sets.items()), "train.resume_from=/ckpt/e1"])
+        assert start_job_run(retry, uri, run_id=run_id) == run_id
+        assert MlflowClient(uri).get_run(run_id).data.params == params
+    finally:
+        s.close()
+
+
+def test_progress_reads_the_metrics_the_worker_logs_without_the_loss_history(tmp_path: Path, monkeypatch):
+    """Worker._log_step and the API's progress reader share the metric names (dlrm_platform.run_metrics):
+    a status poll reads steps done from the run's latest metrics, never the whole loss history."""
+    from types import SimpleNamespace
+
+    from dlrm_platform.api.mlflow_links import MlflowTracker, init_backend_store
+    from dlrm_platform.train.lockstep import StepBatch
+    from dlrm_platform.train.loop import Worker
+    from dlrm_platform.train.mlflow_logger import MlflowTracker as JobTracker
+
+    uri = init_backend_store(tmp_path / "mlflow" / "mlflow.db", tmp_path / "mlflow" / "artifacts")
+    reader = MlflowTracker(uri)
+    run_id, _ = reader.create_run("progress", "run", {})
+    worker = SimpleNamespace(progress=SimpleNamespace(global_step=0), tracker=JobTracker(uri, run_id))
+    for step in range(1, 8):
+        worker.progress.global_step = step
+        Worker._log_step(worker, StepBatch(batch=None, num_samples=4, global_samples=8, wait_s=0.25),
+                         loss_sum=2.0, compute_s=0.75)
+    worker.tracker.flush()
+
+    def no_history(*_a, **_k):
+        raise AssertionError("the progress reader fetched a metric history")
+
+    monkeypatch.setattr(reader.client, "get_metric_history", no_history)
+    p = reader.progress(run_id)
+    assert p is not None
+    assert (p.steps_done, p.samples_per_s, p.data_wait_fraction) == (7, 8.0, 0.25)
 
 
 def test_whole_config_and_422_naming_field_paths(stack: Stack):

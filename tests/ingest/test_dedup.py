@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dlrm_platform.config import DatasetSchema, IngestConfig
-from dlrm_platform.ingest import dedup, transforms
+from dlrm_platform.ingest import dedup_convert, dedup_operators, dedup_sessions, dedup_storage, transforms
 from dlrm_platform.ingest.batching import PACKED_SCHEMA
 from dlrm_platform.ingest.dedup_batching import DEDUP_PACKED_SCHEMA, is_dedup_packed, packed_batch_stats
 from dlrm_platform.ingest.transforms import TransformSpec
@@ -60,11 +60,11 @@ def _spec(tmp_path, max_history=100, hash_size=10**9) -> TransformSpec:
 
 
 def _dedup_blocks(flat, tmp_path, spec):
-    keyed, _ = dedup._with_session_keys(flat, "sid")
-    users, samples, counts = dedup.convert_table(keyed, COLUMNS)
-    up, sp = dedup.write_shard(users, samples, tmp_path / "ds", "part-00000", "sid")
-    block = dedup.read_session_shard(str(up), str(sp), COLUMNS, spec.quarantine_dir)
-    for fn in (dedup.parse, dedup.dense_transform, dedup.sparse_transform):
+    keyed, _ = dedup_convert._with_session_keys(flat, "sid")
+    users, samples, counts = dedup_convert.convert_table(keyed, COLUMNS)
+    up, sp = dedup_storage.write_shard(users, samples, tmp_path / "ds", "part-00000", "sid")
+    block = dedup_sessions.read_session_shard(str(up), str(sp), COLUMNS, spec.quarantine_dir)
+    for fn in (dedup_operators.parse, dedup_operators.dense_transform, dedup_operators.sparse_transform):
         block = fn(block, spec)
     return block, counts
 
@@ -102,7 +102,7 @@ def _dedup_batches(packed):
 
 def test_convert_table_stores_user_side_once_per_session_and_round_trips():
     flat = _flat()
-    users, samples, counts = dedup.convert_table(flat, COLUMNS)
+    users, samples, counts = dedup_convert.convert_table(flat, COLUMNS)
     assert counts == {"sessions": 40, "samples": flat.num_rows, "split_sessions": 0}
     ukeys = users.column("sid").to_numpy()
     assert (np.diff(ukeys) > 0).all()  # sorted, unique
@@ -110,7 +110,7 @@ def test_convert_table_stores_user_side_once_per_session_and_round_trips():
     assert set(users.column_names) == {"sid", "uc", "hist", "ud"}
     assert set(samples.column_names) == {"sid", "label", "ic", "idn"}
     # Joining back gives exactly the flat rows.
-    back = dedup.session_block_to_flat(dedup.join_sessions(users, samples, COLUMNS))
+    back = dedup_sessions.session_block_to_flat(dedup_sessions.join_sessions(users, samples, COLUMNS))
     key = lambda t: sorted(zip(*(t.column(c).to_pylist() for c in sorted(flat.column_names))), key=repr)  # noqa: E731
     assert key(back.select(sorted(flat.column_names))) == key(flat.select(sorted(flat.column_names)))
 
@@ -119,23 +119,23 @@ def test_rows_of_one_key_with_different_user_features_become_separate_sessions()
     flat = _flat(num_sessions=3, max_len=4, seed=1)
     keys = np.full(flat.num_rows, 5)  # every row claims session 5, but user features differ by true session
     flat = flat.set_column(0, "sid", pa.array(keys))
-    users, samples, counts = dedup.convert_table(flat, COLUMNS)
+    users, samples, counts = dedup_convert.convert_table(flat, COLUMNS)
     assert counts["sessions"] == 3 and counts["split_sessions"] == 2
-    block = dedup.join_sessions(users, samples, COLUMNS)
-    assert sorted(np.diff(block.column(dedup.SAMPLES_COLUMN).combine_chunks().offsets.to_numpy()).tolist()) == \
+    block = dedup_sessions.join_sessions(users, samples, COLUMNS)
+    assert sorted(np.diff(block.column(dedup_storage.SAMPLES_COLUMN).combine_chunks().offsets.to_numpy()).tolist()) == \
         sorted(np.unique(flat.column("uc").to_numpy(), return_counts=True)[1].tolist())
 
 
 def test_same_as_previous_compares_lists_and_nulls_exactly():
     lists = pa.array([[1, 2], [1, 2], [1, 3], [], [], None, [4]], pa.list_(pa.int64()))
-    assert dedup._same_as_previous(lists).tolist() == [False, True, False, False, True, True, False]
+    assert dedup_convert._same_as_previous(lists).tolist() == [False, True, False, False, True, True, False]
     floats = pa.array([1.0, 1.0, None, None, float("nan"), float("nan"), 2.0], pa.float32(), from_pandas=False)
-    assert dedup._same_as_previous(floats).tolist() == [False, True, False, True, False, True, False]
+    assert dedup_convert._same_as_previous(floats).tolist() == [False, True, False, True, False, True, False]
 
 
 def test_shard_files_use_the_size_encodings(tmp_path):
-    users, samples, _ = dedup.convert_table(_flat(), COLUMNS)
-    up, sp = dedup.write_shard(users, samples, tmp_path, "part-00000", "sid")
+    users, samples, _ = dedup_convert.convert_table(_flat(), COLUMNS)
+    up, sp = dedup_storage.write_shard(users, samples, tmp_path, "part-00000", "sid")
     for path, floats, ids in ((up, "ud", ["uc", "hist.list.element"]), (sp, "idn", ["ic", "label"])):
         meta = pq.ParquetFile(path).metadata
         assert meta.num_row_groups == 1
@@ -149,25 +149,25 @@ def test_shard_files_use_the_size_encodings(tmp_path):
 
 def test_missing_session_keys_become_their_own_sessions():
     flat = _flat(missing_keys=3)
-    keyed, missing = dedup._with_session_keys(flat, "sid")
+    keyed, missing = dedup_convert._with_session_keys(flat, "sid")
     assert missing == 3
-    flags = dedup._assign_keys(flat, "sid").column("_missing_key").to_pylist()
+    flags = dedup_convert._assign_keys(flat, "sid").column("_missing_key").to_pylist()
     assert sum(flags) == 3
-    users, samples, counts = dedup.convert_table(keyed, COLUMNS)
+    users, samples, counts = dedup_convert.convert_table(keyed, COLUMNS)
     assert counts["samples"] == flat.num_rows
     neg = samples.column("sid").to_numpy() < 0
     assert neg.sum() == 3 and len(np.unique(samples.column("sid").to_numpy()[neg])) == 3
 
 
 def test_join_quarantines_samples_without_a_user_row_and_rejects_duplicate_users(tmp_path):
-    users, samples, _ = dedup.convert_table(_flat(), COLUMNS)
+    users, samples, _ = dedup_convert.convert_table(_flat(), COLUMNS)
     orphan_key = users.column("sid")[0].as_py()
-    block = dedup.join_sessions(users.slice(1), samples, COLUMNS, str(tmp_path))
+    block = dedup_sessions.join_sessions(users.slice(1), samples, COLUMNS, str(tmp_path))
     lost = int(np.sum(samples.column("sid").to_numpy() == orphan_key))
-    assert dedup.session_block_to_flat(block).num_rows == samples.num_rows - lost
-    assert transforms.count_quarantined(tmp_path) == {dedup._NO_USER_ROW: lost}
+    assert dedup_sessions.session_block_to_flat(block).num_rows == samples.num_rows - lost
+    assert transforms.count_quarantined(tmp_path) == {dedup_sessions.NO_USER_ROW: lost}
     with pytest.raises(ValueError, match="more than once"):
-        dedup.join_sessions(pa.concat_tables([users, users.slice(0, 1)]), samples, COLUMNS)
+        dedup_sessions.join_sessions(pa.concat_tables([users, users.slice(0, 1)]), samples, COLUMNS)
 
 
 # --------------------------------------------------------------------------- operators and batches
@@ -180,7 +180,7 @@ def test_dedup_batches_expand_to_exactly_the_plain_pipelines_samples(tmp_path, b
     spec = _spec(tmp_path, max_history=max_history, hash_size=1000)
     plain = _plain_rows(flat, spec, batch_size)
     block, _ = _dedup_blocks(flat, tmp_path, spec)
-    packed = dedup.batch(block, spec, batch_size)
+    packed = dedup_operators.batch(block, spec, batch_size)
     assert packed.schema == DEDUP_PACKED_SCHEMA and is_dedup_packed(packed)
     rows = [r for b in _dedup_batches(packed) for r in _rows(b.expand())]
     assert sorted(rows) == sorted(plain)
@@ -194,7 +194,7 @@ def test_sessions_larger_than_the_batch_are_split_and_every_sample_arrives_once(
     spec = _spec(tmp_path)
     block, _ = _dedup_blocks(flat, tmp_path, spec)
     batch_size = 20
-    packed = dedup.batch(block, spec, batch_size)
+    packed = dedup_operators.batch(block, spec, batch_size)
     sizes = packed.column("num_samples").to_pylist()
     assert all(s == batch_size for s in sizes[:-1]) and 0 < sizes[-1] <= batch_size
     seen = []
@@ -214,19 +214,19 @@ def test_sessions_larger_than_the_batch_are_split_and_every_sample_arrives_once(
 def test_batch_of_an_empty_block_is_empty(tmp_path):
     spec = _spec(tmp_path)
     block, _ = _dedup_blocks(_flat(num_sessions=2), tmp_path, spec)
-    assert dedup.batch(block.slice(0, 0), spec, 8).num_rows == 0
+    assert dedup_operators.batch(block.slice(0, 0), spec, 8).num_rows == 0
 
 
 def test_user_transforms_run_once_per_session(tmp_path, monkeypatch):
     flat = _flat(num_sessions=25, max_len=20)
     spec = _spec(tmp_path, max_history=4, hash_size=1000)
-    keyed, _ = dedup._with_session_keys(flat, "sid")
-    users, samples, _ = dedup.convert_table(keyed, COLUMNS)
-    block = dedup.parse(dedup.join_sessions(users, samples, COLUMNS), spec)
+    keyed, _ = dedup_convert._with_session_keys(flat, "sid")
+    users, samples, _ = dedup_convert.convert_table(keyed, COLUMNS)
+    block = dedup_operators.parse(dedup_sessions.join_sessions(users, samples, COLUMNS), spec)
     calls = []
-    real = transforms._hash_lists
-    monkeypatch.setattr(transforms, "_hash_lists", lambda col, *a: calls.append(len(col)) or real(col, *a))
-    dedup.sparse_transform(block, spec)
+    real = transforms.hash_lists
+    monkeypatch.setattr(transforms, "hash_lists", lambda col, *a: calls.append(len(col)) or real(col, *a))
+    dedup_operators.sparse_transform(block, spec)
     assert calls == [25]  # the history: one list per session, not per sample
     assert flat.num_rows > 100
 
@@ -237,7 +237,7 @@ def test_user_transforms_run_once_per_session(tmp_path, monkeypatch):
 def test_unpack_expand_and_stats(tmp_path):
     spec = _spec(tmp_path, hash_size=1000)
     block, _ = _dedup_blocks(_flat(num_sessions=10, max_len=6), tmp_path, spec)
-    packed = dedup.batch(block, spec, 1000)
+    packed = dedup_operators.batch(block, spec, 1000)
     assert packed.num_rows == 1
     b = _dedup_batches(packed)[0]
     assert b.num_samples == b.labels.numel() and b.num_users == 10
@@ -299,12 +299,12 @@ def test_dedup_dataset_open_errors(tmp_path):
     from dlrm_platform.errors import UserError
 
     with pytest.raises(UserError, match="not a complete dedup dataset"):
-        dedup.DedupDataset.open(tmp_path)
+        dedup_storage.DedupDataset.open(tmp_path)
     (tmp_path / "_SUCCESS").write_text("")
-    (tmp_path / dedup.MANIFEST_FILE).write_text('{"format": "other", "version": 1}')
+    (tmp_path / dedup_storage.MANIFEST_FILE).write_text('{"format": "other", "version": 1}')
     with pytest.raises(UserError, match="convert the data again"):
-        dedup.DedupDataset.open(tmp_path)
-    assert dedup.default_dedup_dir(tmp_path / "data" / "demo") == tmp_path / "data" / "demo.dedup"
+        dedup_storage.DedupDataset.open(tmp_path)
+    assert dedup_storage.default_dedup_dir(tmp_path / "data" / "demo") == tmp_path / "data" / "demo.dedup"
 
 
 def test_local_converter_writes_co_partitioned_shards(tmp_path):
@@ -313,7 +313,7 @@ def test_local_converter_writes_co_partitioned_shards(tmp_path):
     for i, idx in enumerate(np.array_split(np.arange(flat.num_rows), 2)):
         files.append(tmp_path / f"part-{i}.parquet")
         pq.write_table(flat.take(pa.array(idx)), files[-1])
-    report = dedup.convert_split_local(files, COLUMNS, tmp_path / "out", rows_per_shard=200)
+    report = dedup_convert.convert_split_local(files, COLUMNS, tmp_path / "out", rows_per_shard=200)
     assert report.samples == flat.num_rows and report.missing_session_keys == 2
     assert report.shards >= 2 and report.bytes > 0
     users = sorted((tmp_path / "out" / "users").glob("part-*.parquet"))

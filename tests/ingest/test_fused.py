@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrm_platform.config import DatasetSchema, IngestConfig, TunerConfig
-from dlrm_platform.ingest import dedup, fused, transforms
+from dlrm_platform.ingest import dedup_convert, dedup_sessions, dedup_storage, fused, transforms
 from dlrm_platform.ingest.transforms import TransformSpec
 
 COLUMNS = DatasetSchema.model_validate({
@@ -99,11 +99,11 @@ def test_fused_flat_reader_equals_the_split_operators_and_cuts_blocks(tmp_path):
 
 def test_fused_session_reader_equals_the_split_operators_with_near_full_batches(tmp_path):
     table = _flat(4000, seed=1)
-    users, samples, _ = dedup.convert_table(table, COLUMNS)
-    u, s = dedup.write_shard(users, samples, tmp_path, "part-00000", "sid")
+    users, samples, _ = dedup_convert.convert_table(table, COLUMNS)
+    u, s = dedup_storage.write_shard(users, samples, tmp_path, "part-00000", "sid")
     spec = _spec(tmp_path)
     blocks = list(fused._session_reader(str(u), str(s), spec, 128, 1024)())
-    whole = dedup.read_session_shard(str(u), str(s), COLUMNS)
+    whole = dedup_sessions.read_session_shard(str(u), str(s), COLUMNS)
     split = fused.preprocess_sessions(whole, spec, 128)
     assert _dedup_samples(blocks) == _dedup_samples([split])
     assert len(blocks) >= 4

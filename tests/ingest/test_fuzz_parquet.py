@@ -290,8 +290,8 @@ def test_non_integer_session_keys_are_stable_and_distinct(keys) -> None:
     """Found by the fuzzer: a string session key crashed parse (cast to int64); a float one merged 1.5 and 1.7;
     integer keys above 2**53 in a batch with a missing key went through float64 and merged."""
     col = pa.chunked_array([pa.array(keys)])
-    first = transforms._session_keys(col).to_pylist()
-    again = transforms._session_keys(pa.chunked_array([pa.array(keys[::-1])])).to_pylist()[::-1]
+    first = transforms.session_keys(col).to_pylist()
+    again = transforms.session_keys(pa.chunked_array([pa.array(keys[::-1])])).to_pylist()[::-1]
     for i, k in enumerate(keys):
         if k is None:
             assert first[i] < 0  # its own session

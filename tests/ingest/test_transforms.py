@@ -116,10 +116,10 @@ def test_batch_packs_and_unpacks_to_kjt(tmp_path):
 
 
 def test_sliced_history_lists_hash_the_right_ids():
-    from dlrm_platform.ingest.transforms import _hash_lists
+    from dlrm_platform.ingest.transforms import hash_lists
 
     arr = pa.array([[9, 9, 9], [1, 2, 3, 4], [5]], pa.large_list(pa.int64())).slice(1)
-    out = _hash_lists(arr, 1000, 2).to_pylist()
+    out = hash_lists(arr, 1000, 2).to_pylist()
     assert out == [hash_ids(np.array([3, 4]), 1000).tolist(), hash_ids(np.array([5]), 1000).tolist()]
 
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from dlrm_platform.api import devstack, policy, tracking
+from dlrm_platform.api import devstack, policy, mlflow_links
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -132,7 +132,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
     procs: list[Callable[[], None]] = []
     try:
         ml_port = devstack.free_port()
-        ml = tracking.start_server(root / "mlflow", port=ml_port)
+        ml = mlflow_links.start_server(root / "mlflow", port=ml_port)
         procs.append(lambda: devstack.stop_process(ml, timeout=10))
         mlflow_uri = f"http://127.0.0.1:{ml_port}"
 

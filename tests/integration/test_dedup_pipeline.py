@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dlrm_platform.config import JobConfig, OperatorConfig
-from dlrm_platform.ingest import dedup
+from dlrm_platform.ingest import dedup_convert, dedup_storage
 from dlrm_platform.ingest.dedup_batching import is_dedup_packed
 from dlrm_platform.train.batches import unpack_dedup_batch
 from dlrm_platform.ingest.pipeline import build_job_datasets
@@ -88,7 +88,7 @@ def test_converter_counts_sessions_missing_keys_and_shrinks_storage(ray_cluster,
     root, train, eval_ = flat_data
     out = tmp_path / "conv"
     # The Ray Data job (the in-process engine has its own tests); one split keeps this test short.
-    report = dedup.convert_to_dedup(_job(root).data.columns, {"train": train}, out, rows_per_shard=500, engine="ray")
+    report = dedup_convert.convert_to_dedup(_job(root).data.columns, {"train": train}, out, rows_per_shard=500, engine="ray")
     assert report.engines == {"train": "ray"}
     tr = report.splits["train"]
     assert tr.samples == _rows(train)  # nothing lost, nothing repeated
@@ -96,9 +96,9 @@ def test_converter_counts_sessions_missing_keys_and_shrinks_storage(ray_cluster,
     assert tr.sessions == _distinct_keys(train) + MISSING_KEYS  # a sample without a key: its own session
     assert tr.shards >= 2  # cut by rows_per_shard, only between sessions
     assert report.bytes < report.source_bytes  # (tiny test shards: the real ratio is in benchmarks/dedup.py)
-    ds = dedup.DedupDataset.open(out)
+    ds = dedup_storage.DedupDataset.open(out)
     assert len(ds.shards("train")) == tr.shards
-    assert json.loads((out / dedup.MANIFEST_FILE).read_text())["format"] == dedup.FORMAT_NAME
+    assert json.loads((out / dedup_storage.MANIFEST_FILE).read_text())["format"] == dedup_storage.FORMAT_NAME
     # Every shard pair is self-contained and key-sorted; no key in two shards.
     seen = set()
     for u, s in ds.shards("train"):
@@ -108,7 +108,7 @@ def test_converter_counts_sessions_missing_keys_and_shrinks_storage(ray_cluster,
         assert set(skeys) == set(ukeys) and not seen & set(ukeys)
         seen |= set(ukeys)
     with pytest.raises(Exception, match="already holds"):
-        dedup.convert_to_dedup(_job(root).data.columns, {"train": train}, out)
+        dedup_convert.convert_to_dedup(_job(root).data.columns, {"train": train}, out)
 
 
 def _distinct_keys(files: list[str]) -> int:
@@ -136,7 +136,7 @@ def test_job_pipeline_trains_every_sample_exactly_once_per_epoch(ray_cluster, fl
     quarantine = tmp_path / "quarantine"
     pds = build_job_datasets(job, train, eval_, quarantine, fused_op=fused_op)
     expected = _rows(train) - BAD_LABELS
-    shards = len(dedup.DedupDataset.open(dedup.default_dedup_dir(root)).shards("train"))
+    shards = len(dedup_storage.DedupDataset.open(dedup_storage.default_dedup_dir(root)).shards("train"))
     # only the last batch of a shard is short (fused: of a block, short by less than a session)
     short_allowed = shards if fused_op is None else shards + expected // pds.block_rows
     for _ in range(2):  # two epochs: each sample once in each
@@ -149,10 +149,10 @@ def test_job_pipeline_trains_every_sample_exactly_once_per_epoch(ray_cluster, fl
     eval_ids, _, _ = _epoch(pds.eval, job)
     assert len(eval_ids) == len(set(eval_ids)) == _rows(eval_) - BAD_LABELS
     # The converted copy is reused while the source is unchanged, converted again when it changes.
-    ds1, rep1 = dedup.ensure_dedup_dataset(job, train, eval_)
+    ds1, rep1 = dedup_convert.ensure_dedup_dataset(job, train, eval_)
     assert rep1 is None
     pq.write_table(pq.read_table(train[0]).slice(0, 100), train[0])
-    ds2, rep2 = dedup.ensure_dedup_dataset(job, train, eval_)
+    ds2, rep2 = dedup_convert.ensure_dedup_dataset(job, train, eval_)
     assert rep2 is not None and rep2.splits["train"].samples == _rows(train)
 
 

@@ -82,7 +82,7 @@ def test_two_consumers_of_streaming_split_see_every_id_once_per_epoch(ray_cluste
 @pytest.fixture(scope="module")
 def session_data(tmp_path_factory):
     from dlrm_platform.config import load_job_config
-    from dlrm_platform.ingest.synthetic import generate_dataset
+    from dlrm_platform.ingest.synthetic_data import generate_dataset
 
     root = tmp_path_factory.mktemp("cache-data")
     job = load_job_config(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml", [

@@ -12,7 +12,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from dlrm_platform.config import load_job_config
-from dlrm_platform.ingest.synthetic import generate_dataset
+from dlrm_platform.ingest.synthetic_data import generate_dataset
 from dlrm_platform.cli import main
 from dlrm_platform.job import JobSummary
 

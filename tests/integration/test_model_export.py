@@ -14,10 +14,10 @@ from mlflow.tracking import MlflowClient
 
 from dlrm_platform.config import load_job_config
 from dlrm_platform.ingest.source import list_split_files
-from dlrm_platform.ingest.synthetic import generate_dataset
+from dlrm_platform.ingest.synthetic_data import generate_dataset
 from dlrm_platform.job import run_job
 from dlrm_platform.train.export import OUTPUT_COLUMN
-from dlrm_platform.train.metrics import auc
+from dlrm_platform.train.eval_metrics import auc
 
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -44,7 +44,7 @@ def tuner_cluster():
 
 
 def _pipeline(actor_middle: bool):
-    from dlrm_platform.tuner.synthetic import PipelineDef
+    from dlrm_platform.tuner.sleep_pipelines import PipelineDef
 
     return PipelineDef.model_validate({
         "name": "unbalanced",
@@ -64,7 +64,7 @@ def _build(pipe, policy: str, actor_middle: bool, blocks: int):
 
     from dlrm_platform import tuner
     from dlrm_platform.config import TunerConfig
-    from dlrm_platform.tuner.synthetic import build_dataset
+    from dlrm_platform.tuner.sleep_pipelines import build_dataset
 
     cfg = TunerConfig(policy=policy, interval_s=1.0)
     specs = pipe.op_specs()

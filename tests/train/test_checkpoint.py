@@ -9,9 +9,10 @@ import torch
 
 from dlrm_platform.train.batches import unpack_batch
 from dlrm_platform.train.checkpoint import PROGRESS_FILE, TrainProgress, load_checkpoint, save_checkpoint
-from dlrm_platform.train.loop import StepBatch, Worker
+from dlrm_platform.train.lockstep import StepBatch
+from dlrm_platform.train.loop import Worker
 from dlrm_platform.train.model import build_dense_optimizer, build_sharded_model
-from dlrm_platform.train.tracking import NullTracker
+from dlrm_platform.train.mlflow_logger import NullTracker
 
 
 def _worker(job) -> Worker:

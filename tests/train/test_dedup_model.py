@@ -22,9 +22,10 @@ from dlrm_platform.train.dedup_model import (
     dedup_state_dict_from_plain,
     plain_state_dict_from_dedup,
 )
-from dlrm_platform.train.loop import StepBatch, Worker
+from dlrm_platform.train.lockstep import StepBatch
+from dlrm_platform.train.loop import Worker
 from dlrm_platform.train.model import DLRMTrain, build_dense_optimizer, build_dlrm, build_sharded_model
-from dlrm_platform.train.tracking import NullTracker
+from dlrm_platform.train.mlflow_logger import NullTracker
 
 HASH = 97
 

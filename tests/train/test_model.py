@@ -9,7 +9,8 @@ import torch
 
 from dlrm_platform.config import TrainConfig
 from dlrm_platform.train.batches import unpack_batch
-from dlrm_platform.train.loop import StepBatch, Worker, lockstep_batches
+from dlrm_platform.train.lockstep import StepBatch, lockstep_batches
+from dlrm_platform.train.loop import Worker
 from dlrm_platform.train.model import (
     CPU_SHARDING_1_WORKER,
     build_dense_optimizer,
@@ -20,7 +21,7 @@ from dlrm_platform.train.model import (
     resolve_sharding,
     table_name,
 )
-from dlrm_platform.train.tracking import NullTracker
+from dlrm_platform.train.mlflow_logger import NullTracker
 
 SPARSE = ["uc", "hist", "ic"]
 EBC = "model.sparse_arch.embedding_bag_collection"

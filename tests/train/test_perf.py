@@ -12,7 +12,8 @@ import torch
 
 from dlrm_platform.config import JobConfig
 from dlrm_platform.train.batches import unpack_batch
-from dlrm_platform.train.loop import StepBatch, Worker
+from dlrm_platform.train.lockstep import StepBatch
+from dlrm_platform.train.loop import Worker
 from dlrm_platform.train.model import build_dense_optimizer, build_sharded_model
 from dlrm_platform.train.perf import (
     BF16_MIN_DENSE_MACS,
@@ -24,7 +25,7 @@ from dlrm_platform.train.perf import (
     plan_threads,
     resolve_precision,
 )
-from dlrm_platform.train.tracking import NullTracker
+from dlrm_platform.train.mlflow_logger import NullTracker
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dlrm_platform.train.batches import unpack_batch
-from dlrm_platform.train.loop import BatchPrefetcher, lockstep_batches
+from dlrm_platform.train.lockstep import BatchPrefetcher, lockstep_batches
 
 SPARSE = ["uc", "hist", "ic"]
 CPU = torch.device("cpu")

@@ -187,3 +187,19 @@ def test_oracle_waits_while_the_budget_fits_no_allocation():
     obs = Observation(1.0, 1.0, [], 0.0, 0.0, 1e9, 0.0, 0.0)
     assert policy.decide(obs, {"a": 4, "b": 4, "c": 4}, spec.ops, 0.0) is None  # 3 minimums > 0 CPUs
     assert policy.candidates is None
+
+
+def test_policy_and_operator_names_come_from_the_config() -> None:
+    from typing import get_args
+
+    from dlrm_platform import config, tuner
+    from dlrm_platform.ingest import pipeline
+    from dlrm_platform.tuner import spec
+    from dlrm_platform.tuner.policies import POLICY_CLASSES
+
+    assert get_args(config.TunerConfig.model_fields["policy"].annotation) == config.TUNER_POLICIES == spec.POLICIES
+    assert set(POLICY_CLASSES) == set(spec.POLICIES)  # every policy the config accepts has an implementation
+    assert set(spec.CONTROLLING_POLICIES) == set(spec.POLICIES) - {"ray_default"}
+    assert config.OPERATOR_NAMES == ("read", "parse", "dense_transform", "sparse_transform", "batch")
+    assert pipeline.OPERATOR_NAMES is config.OPERATOR_NAMES
+    assert [s.name for s in tuner.operator_specs(config.IngestConfig())] == list(config.OPERATOR_NAMES)

@@ -19,11 +19,12 @@ from fastapi.responses import JSONResponse
 from dlrm_platform import __version__
 from dlrm_platform.api.backend import JobBackend, RayJobsBackend
 from dlrm_platform.api.db import Database
-from dlrm_platform.api.metrics import ServiceMetrics
+from dlrm_platform.api.errors import InvalidRequest, ServiceError
+from dlrm_platform.api.prometheus import ServiceMetrics
 from dlrm_platform.api.routes import health, jobs, metrics
-from dlrm_platform.api.service import InvalidRequest, JobService, ServiceError
+from dlrm_platform.api.service import JobService
 from dlrm_platform.api.settings import ApiSettings
-from dlrm_platform.api.tracking import Tracker
+from dlrm_platform.api.mlflow_links import Tracker
 from dlrm_platform.redact import redact_text
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class _MetricsMiddleware:
 
 def _default_tracker(settings: ApiSettings) -> Tracker | None:
     try:
-        from dlrm_platform.api.tracking import MlflowTracker
+        from dlrm_platform.api.mlflow_links import MlflowTracker
 
         return MlflowTracker(settings.mlflow_tracking_uri, settings.mlflow_url)
     except Exception as err:  # noqa: BLE001 - run without MLflow links rather than not at all

@@ -133,7 +133,7 @@ def _serve_stack(args: argparse.Namespace) -> int:
 
 
 def _mlflow_server(args: argparse.Namespace) -> int:
-    from dlrm_platform.api.tracking import SERVER_ENV, init_backend_store, server_auth_for, server_command
+    from dlrm_platform.api.mlflow_links import SERVER_ENV, init_backend_store, server_auth_for, server_command
 
     auth = server_auth_for(args.host, args.root, True if args.auth else None)
     uri = init_backend_store(args.root / "mlflow.db", args.root / "artifacts")

@@ -8,7 +8,7 @@ the Ray head. Ray's job table is reconciled against it on start-up.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -76,6 +76,8 @@ class JobStatus(enum.StrEnum):
 
 
 TERMINAL_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.TIMED_OUT})
+ACTIVE = (JobStatus.STARTING.value, JobStatus.RUNNING.value)
+NOT_TERMINAL = (JobStatus.QUEUED.value, *ACTIVE)
 
 
 class Base(DeclarativeBase):
@@ -188,8 +190,34 @@ class Database:
         with self._sessions.begin() as session:
             yield session
 
+    def get_job(self, job_id: str) -> JobRecord:
+        """The record of a job that exists (the caller knows it does)."""
+        with self.session() as s:
+            job = s.get(JobRecord, job_id)
+        assert job is not None
+        return job
+
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+class JobHistory:
+    """Writes a job's history: one ``JobEventRecord`` per decision, stamped by ``clock``."""
+
+    def __init__(self, clock: Callable[[], datetime]) -> None:
+        self.clock = clock
+
+    def add(self, s: Session, job: JobRecord, kind: str, message: str, status: JobStatus | None = None) -> None:
+        s.add(
+            JobEventRecord(
+                job_id=job.id,
+                at=self.clock(),
+                attempt=job.attempt,
+                kind=kind,
+                status=status.value if status else None,
+                message=message,
+            )
+        )
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

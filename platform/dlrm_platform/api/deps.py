@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from dlrm_platform.api.auth import Principal, verify_key
-from dlrm_platform.api.metrics import ServiceMetrics
+from dlrm_platform.api.prometheus import ServiceMetrics
 from dlrm_platform.api.service import JobService
 from dlrm_platform.api.settings import ApiSettings
 

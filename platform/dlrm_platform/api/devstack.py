@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlrm_platform.api.tracking import start_server, wait_http_ok
+from dlrm_platform.api.mlflow_links import start_server, wait_http_ok
 from dlrm_platform.redact import redact_text
 
 VENV_BIN = Path(sys.executable).parent

@@ -2,7 +2,7 @@
 
 Used where a value must depend only on a key, not on the order or batching in
 which keys are visited: the hidden attributes of an id in the generator, the
-train/eval assignment of a Criteo line.
+train/eval assignment of a Criteo line, the row hash of the dedup converter.
 """
 
 from __future__ import annotations
@@ -21,14 +21,18 @@ def salt(name: str, seed: int = 0) -> np.uint64:
     return np.uint64((zlib.crc32(name.encode()) << 32 | (seed & 0xFFFFFFFF)) & 0xFFFFFFFFFFFFFFFF)
 
 
-def splitmix64(keys: np.ndarray, salt_: np.uint64 | int = 0) -> np.ndarray:
-    """SplitMix64 finaliser of ``keys`` (any integer array) xor ``salt_``; returns uint64, same shape."""
+def mix64(x: np.ndarray) -> np.ndarray:
+    """The SplitMix64 finaliser (bit mixer) of a uint64 array, element-wise; wraps on overflow."""
     with np.errstate(over="ignore"):
-        z = keys.astype(np.uint64, copy=False) ^ np.uint64(salt_)
-        z = z + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+        return x ^ (x >> np.uint64(31))
+
+
+def splitmix64(keys: np.ndarray, salt_: np.uint64 | int = 0) -> np.ndarray:
+    """SplitMix64 of ``keys`` (any integer array) xor ``salt_``; returns uint64, same shape."""
+    with np.errstate(over="ignore"):
+        return mix64((keys.astype(np.uint64, copy=False) ^ np.uint64(salt_)) + _GOLDEN)
 
 
 def hash_uniform(keys: np.ndarray, salt_: np.uint64 | int = 0) -> np.ndarray:

@@ -44,7 +44,7 @@ PACKED_SCHEMA = pa.schema(
 )
 
 
-def _list_lengths_and_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+def list_lengths_and_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Lengths (int32) and flat values (int64) of a list column; nulls count as empty lists."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
@@ -70,7 +70,7 @@ def pack_table(table: pa.Table, dense_columns: Sequence[str], sparse_features: S
     for name in sparse_features:
         col = table.column(name)
         if name in multi_hot_set:
-            lengths, values = _list_lengths_and_values(col)
+            lengths, values = list_lengths_and_values(col)
         else:
             values = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
             lengths = np.ones(n, dtype=np.int32)

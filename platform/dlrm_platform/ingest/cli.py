@@ -18,7 +18,7 @@ def _megabytes(n: int) -> str:
 def _cmd_gen_data(args: argparse.Namespace) -> int:
     from dlrm_platform.config import load_job_config
     from dlrm_platform.ingest.layout import is_complete
-    from dlrm_platform.ingest.synthetic import check_declared_columns, generate_dataset
+    from dlrm_platform.ingest.synthetic_data import check_declared_columns, generate_dataset
 
     data = load_job_config(args.config, args.set).data
     if data.synthetic is None:

@@ -13,9 +13,9 @@ __all__ = ["register"]
 
 def _cmd_dedup_convert(args: argparse.Namespace) -> int:
     from dlrm_platform.config import load_job_config
-    from dlrm_platform.ingest.dedup import DEFAULT_ROWS_PER_SHARD, convert_to_dedup, default_dedup_dir
+    from dlrm_platform.ingest.dedup_convert import DEFAULT_ROWS_PER_SHARD, convert_to_dedup, default_dedup_dir
     from dlrm_platform.ingest.source import validate_dataset
-    from dlrm_platform.job import ray_session
+    from dlrm_platform.ray_cluster import ray_session
 
     job = load_job_config(args.config, args.set)
     if not job.data.columns.session_key:

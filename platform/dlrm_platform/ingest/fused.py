@@ -11,7 +11,7 @@ operator (``ReadFusedParquet`` / ``ReadFusedSessions``)::
           yield the slice's packed batches               one Ray Data block
 
 The functions are the very ones the unfused pipeline runs as separate
-operators (:mod:`.transforms`, :mod:`.dedup`), so a fused epoch delivers the
+operators (:mod:`.transforms`, :mod:`.dedup_operators`), so a fused epoch delivers the
 same samples, quarantines the same rows (content-keyed files: once across
 epochs) and packs the same batch contract. What fusion removes is the
 framework's per-operator cost, measured on the demo: four extra tasks per
@@ -38,7 +38,7 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from dlrm_platform.config import IngestConfig, TunerConfig
-from dlrm_platform.ingest import dedup, transforms
+from dlrm_platform.ingest import dedup_operators, dedup_sessions, transforms
 from dlrm_platform.ingest.transforms import TransformSpec
 
 __all__ = [
@@ -107,8 +107,8 @@ def preprocess_flat(table: pa.Table, spec: TransformSpec, batch_size: int) -> pa
 
 def preprocess_sessions(block: pa.Table, spec: TransformSpec, batch_size: int) -> pa.Table:
     """A session block -> packed IKJT batches: the dedup pipeline's four operators in one call."""
-    block = dedup.sparse_transform(dedup.dense_transform(dedup.parse(block, spec), spec), spec)
-    return dedup.batch(block, spec, batch_size)
+    block = dedup_operators.sparse_transform(dedup_operators.dense_transform(dedup_operators.parse(block, spec), spec), spec)
+    return dedup_operators.batch(block, spec, batch_size)
 
 
 def _empty_plain() -> pa.Table:
@@ -134,7 +134,7 @@ def _session_slices(block: pa.Table, rows: int) -> Iterator[tuple[int, int]]:
     samples that overshoot (measured: a tiny last batch per block, each a
     full-weight optimizer step on a handful of samples, cost the demo 0.02 AUC).
     """
-    counts = np.diff(np.asarray(dedup.samples_offsets(block), dtype=np.int64))
+    counts = np.diff(np.asarray(dedup_sessions.samples_offsets(block), dtype=np.int64))
     if len(counts) == 0:
         return
     ends = np.cumsum(counts)
@@ -239,10 +239,10 @@ class FusedSessionDatasource(Datasource):
 
 def _session_reader(users_path: str, samples_path: str, spec: TransformSpec, batch_size: int, block_rows: int):
     def read() -> Iterator[pa.Table]:
-        block = dedup.read_session_shard(users_path, samples_path, spec.columns, spec.quarantine_dir)
+        block = dedup_sessions.read_session_shard(users_path, samples_path, spec.columns, spec.quarantine_dir)
         # Shards are sorted by session key: slice a fixed random order of the whole shard's sessions,
         # or each block (and so a run of consecutive steps) would hold one key range only.
-        block = block.take(pa.array(dedup.session_order(block, spec.columns.session_key)))
+        block = block.take(pa.array(dedup_sessions.session_order(block, spec.columns.session_key)))
         for lo, n in _session_slices(block, block_rows):
             out = preprocess_sessions(block.slice(lo, n), spec, batch_size)
             if out.num_rows:

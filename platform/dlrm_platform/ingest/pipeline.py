@@ -29,19 +29,23 @@ import pyarrow as pa
 import ray
 from ray.data import Dataset, ExecutionOptions, ExecutionResources, TaskPoolStrategy
 
-from dlrm_platform.config import IngestConfig, JobConfig, OperatorConfig
+from dlrm_platform.config import OPERATOR_NAMES, IngestConfig, JobConfig, OperatorConfig
 from dlrm_platform.errors import UserError
-from dlrm_platform.ingest import dedup, fused, transforms
+from dlrm_platform.ingest import dedup_convert, dedup_operators, fused, transforms
+from dlrm_platform.ingest.dedup_sessions import SessionParquetDatasource
 from dlrm_platform.ingest.transforms import TransformSpec
 
 log = logging.getLogger(__name__)
 
-# Pipeline order; the names are the operator names Ray Data shows (MapBatches(<name>)).
-OPERATOR_NAMES = ("read", "parse", "dense_transform", "sparse_transform", "batch")
 _MAP_OPERATORS: tuple[tuple[str, Callable[[pa.Table, TransformSpec], pa.Table]], ...] = (
     ("parse", transforms.parse),
     ("dense_transform", transforms.dense_transform),
     ("sparse_transform", transforms.sparse_transform),
+)
+_DEDUP_MAP_OPERATORS: tuple[tuple[str, Callable[[pa.Table, TransformSpec], pa.Table]], ...] = (
+    ("parse", dedup_operators.parse),
+    ("dense_transform", dedup_operators.dense_transform),
+    ("sparse_transform", dedup_operators.sparse_transform),
 )
 
 
@@ -107,6 +111,28 @@ def build_dataset(files: list[str], spec: TransformSpec, ingest: IngestConfig) -
     for name, fn in _MAP_OPERATORS:
         ds = _map_operator(ds, fn, getattr(ops, name), spec)
     return _map_operator(ds, transforms.batch, ops.batch, spec, batch_size=ingest.batch_size)
+
+
+def build_dedup_dataset(shards: list[tuple[str, str]], spec: TransformSpec, ingest: IngestConfig) -> Dataset:
+    """The dedup pipeline over shard pairs: a Dataset of packed IKJT batches, one row per batch.
+
+    Same operator names as :func:`build_dataset` (``ReadSessionParquet``, then
+    :mod:`.dedup_operators` on session blocks), so the tuner sees the same knobs.
+    """
+    ops = ingest.operators
+    ds = ray.data.read_datasource(
+        SessionParquetDatasource(shards, spec.columns, spec.quarantine_dir),
+        # One block per shard pair: Ray Data would otherwise split a pair's block to reach its default
+        # parallelism, and every block ends in a short batch and cuts sessions at its edges.
+        override_num_blocks=len(shards),
+        concurrency=ops.read.concurrency,
+        num_cpus=ops.read.num_cpus,
+    )
+    for name, fn in _DEDUP_MAP_OPERATORS:
+        ds = _map_operator(ds, fn, getattr(ops, name), spec, batch_size=None)
+    return ds.map_batches(dedup_operators.batch, fn_kwargs={"spec": spec, "batch_size": ingest.batch_size},
+                          batch_format="pyarrow", batch_size=None, zero_copy_batch=True,
+                          compute=TaskPoolStrategy(size=ops.batch.concurrency), num_cpus=ops.batch.num_cpus)
 
 
 @dataclass
@@ -187,12 +213,13 @@ def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[
 
     The one place that picks the path: with deduplication on (``job.dedup_enabled``:
     default for data with a session key) the pipelines read a session-deduplicated
-    copy of the data and ship IKJT batches (:mod:`.dedup`); with ``fused_op`` the
+    copy of the data and ship IKJT batches (:mod:`.dedup_operators`); with ``fused_op`` the
     operators run fused as that one operator (:mod:`.fused`), else split.
     """
     spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine_dir)
-    if job.dedup_enabled:
-        train_src, eval_src = dedup.dedup_job_shards(job, train_files, eval_files)
+    sessions = job.dedup_enabled  # the one switch (config.JobConfig.dedup_enabled); the trainer's model follows it
+    if sessions:
+        train_src, eval_src = dedup_convert.dedup_job_shards(job, train_files, eval_files)
         files = {"train": [f for pair in train_src for f in pair], "eval": [f for pair in eval_src for f in pair]}
     else:
         train_src, eval_src = list(train_files), list(eval_files)
@@ -200,13 +227,13 @@ def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[
     if fused_op is not None:
         plan = fused.plan_blocks(job.ingest)
         return PipelineDatasets(
-            train=build_fused_dataset(train_src, spec, job.ingest, fused_op, plan.rows, sessions=job.dedup_enabled),
-            eval=build_fused_dataset(eval_src, spec, job.ingest, fused_op, plan.rows, sessions=job.dedup_enabled),
+            train=build_fused_dataset(train_src, spec, job.ingest, fused_op, plan.rows, sessions=sessions),
+            eval=build_fused_dataset(eval_src, spec, job.ingest, fused_op, plan.rows, sessions=sessions),
             quarantine_dir=quarantine_dir, files=files, fused=True, block_rows=plan.rows,
         )
-    if job.dedup_enabled:
-        train, eval_ = (dedup.build_dedup_dataset(train_src, spec, job.ingest),
-                        dedup.build_dedup_dataset(eval_src, spec, job.ingest))
+    if sessions:
+        train, eval_ = (build_dedup_dataset(train_src, spec, job.ingest),
+                        build_dedup_dataset(eval_src, spec, job.ingest))
     else:
         train, eval_ = build_dataset(train_src, spec, job.ingest), build_dataset(eval_src, spec, job.ingest)
     return PipelineDatasets(train=train, eval=eval_, quarantine_dir=quarantine_dir, files=files)

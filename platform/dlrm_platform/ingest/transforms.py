@@ -63,13 +63,13 @@ def parse(table: pa.Table, spec: TransformSpec) -> pa.Table:
     bad_label = pc.invert(pc.or_(pc.equal(label_f64, 0.0), pc.equal(label_f64, 1.0)))
     bad_label = pc.fill_null(bad_label, True)
     if pc.any(bad_label).as_py():
-        _quarantine(table.filter(bad_label), "label missing or not 0/1", spec.quarantine_dir)
+        quarantine(table.filter(bad_label), "label missing or not 0/1", spec.quarantine_dir)
         keep = pc.invert(bad_label)
         table = table.filter(keep)
         label_f64 = label_f64.filter(keep)
     arrays: dict[str, pa.ChunkedArray | pa.Array] = {cols.label: pc.cast(label_f64, pa.float32())}
     if cols.session_key:
-        arrays[cols.session_key] = _session_keys(table.column(cols.session_key))
+        arrays[cols.session_key] = session_keys(table.column(cols.session_key))
     for name in cols.dense_columns:
         arrays[name] = pc.cast(table.column(name), pa.float32(), safe=False)
     multi_hot = set(cols.multi_hot_columns)
@@ -83,7 +83,7 @@ def _stable_key_hash(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """Non-negative int64 keys of a non-integer key column, the same in every batch and process.
 
     Each distinct value is hashed once (blake2b of its value): a cast would fail on strings and merge
-    1.5 and 1.7 into one session. Nulls get 0 here and a fresh key in :func:`_session_keys`.
+    1.5 and 1.7 into one session. Nulls get 0 here and a fresh key in :func:`session_keys`.
     """
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if pa.types.is_dictionary(col.type):
@@ -98,7 +98,7 @@ def _stable_key_hash(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return digests[pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)]
 
 
-def _session_keys(col: pa.ChunkedArray) -> pa.Array:
+def session_keys(col: pa.ChunkedArray) -> pa.Array:
     """int64 session keys; a missing key becomes a unique negative key (its own session)."""
     value_type = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
     if pa.types.is_integer(value_type):
@@ -109,10 +109,17 @@ def _session_keys(col: pa.ChunkedArray) -> pa.Array:
     missing = pc.is_null(col).to_numpy(zero_copy_only=False)
     if missing.any():
         keys = np.where(missing, 0, keys).astype(np.int64)
-        # Negative ids never collide with real keys: random high bits, row position low bits.
-        salt = -(int(uuid.uuid4().int & 0x3FFFFFFF) << 32)
-        keys[missing] = salt - np.arange(int(missing.sum()), dtype=np.int64) - 1
+        keys[missing] = fresh_session_keys(int(missing.sum()))
     return pa.array(keys, pa.int64())
+
+
+def fresh_session_keys(n: int) -> np.ndarray:
+    """``n`` unique negative session keys: they never collide with real (non-negative) keys.
+
+    Random high bits, a counter in the low bits.
+    """
+    salt = -(int(uuid.uuid4().int & 0x3FFFFFFF) << 32)
+    return salt - np.arange(n, dtype=np.int64) - 1
 
 
 def count_missing_session_keys(table: pa.Table, session_key: str) -> int:
@@ -120,7 +127,7 @@ def count_missing_session_keys(table: pa.Table, session_key: str) -> int:
     return int(pc.sum(pc.less(table.column(session_key), 0)).as_py() or 0)
 
 
-def _quarantine(rows: pa.Table, reason: str, quarantine_dir: str | None) -> None:
+def quarantine(rows: pa.Table, reason: str, quarantine_dir: str | None) -> None:
     if quarantine_dir is None:
         raise ValueError(f"{rows.num_rows} rows to quarantine ({reason}) but no quarantine_dir is set")
     out = Path(quarantine_dir)
@@ -171,7 +178,7 @@ def sparse_transform(table: pa.Table, spec: TransformSpec) -> pa.Table:
             col = col.combine_chunks()
         size = spec.table_sizes[name]
         if name in multi_hot:
-            new_col = _hash_lists(col, size, spec.max_history_length)
+            new_col = hash_lists(col, size, spec.max_history_length)
         else:
             ids = pc.fill_null(col, 0).to_numpy(zero_copy_only=False)
             new_col = pa.array(hash_ids(ids, size), pa.int64())
@@ -179,7 +186,7 @@ def sparse_transform(table: pa.Table, spec: TransformSpec) -> pa.Table:
     return table
 
 
-def _hash_lists(col: pa.Array, table_size: int, max_len: int) -> pa.LargeListArray:
+def hash_lists(col: pa.Array, table_size: int, max_len: int) -> pa.LargeListArray:
     col = col.fill_null(pa.scalar([], col.type)) if col.null_count else col
     lengths = col.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
     # A sliced array's offsets need not start at 0; flatten() starts at its first value.

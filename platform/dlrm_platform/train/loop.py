@@ -26,7 +26,7 @@ smaller). Fused embedding gradients are not averaged by DDP; row-wise Adagrad
 is invariant to that scale.
 
 Overlap. Each worker reads and unpacks its own next batches on a background
-thread (:class:`BatchPrefetcher`, ``ingest.prefetch_batches`` ahead; on CUDA
+thread (:class:`.lockstep.BatchPrefetcher`, ``ingest.prefetch_batches`` ahead; on CUDA
 it also pins them and copies them to the GPU on a side stream) while the
 current step computes. Only host-side assembly runs ahead: the has-batch
 all-reduce, and so the lockstep sequence of steps, stays on the training
@@ -54,20 +54,18 @@ import contextlib
 import json
 import logging
 import os
-import queue
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torchrec.datasets.utils import Batch
 
+from dlrm_platform import run_metrics
 from dlrm_platform.config import JobConfig
 from dlrm_platform.ingest.batching import packed_digest
 from dlrm_platform.ingest.dedup_batching import packed_batch_stats
@@ -79,8 +77,9 @@ from dlrm_platform.train.checkpoint import (
     save_checkpoint,
     usable_checkpoint,
 )
-from dlrm_platform.train.feed import Decoded, ShardFeeder
-from dlrm_platform.train.metrics import auc, logloss_from_logits
+from dlrm_platform.train.feed import ShardFeeder
+from dlrm_platform.train.eval_metrics import auc, logloss_from_logits
+from dlrm_platform.train.lockstep import StepBatch, all_reduce_sum, lockstep_batches
 from dlrm_platform.train.dedup_model import batch_codec, build_job_model
 from dlrm_platform.train.model import build_dense_optimizer
 from dlrm_platform.train.perf import (
@@ -94,16 +93,13 @@ from dlrm_platform.train.perf import (
     resolve_precision,
     visible_cpus,
 )
-from dlrm_platform.train.tracking import Tracker, make_tracker
+from dlrm_platform.train.mlflow_logger import Tracker, make_tracker
 
 __all__ = [
     "FAULT_FILE_ENV",
-    "BatchPrefetcher",
     "EpochStats",
     "LoopConfig",
-    "StepBatch",
     "Worker",
-    "lockstep_batches",
     "train_loop_per_worker",
 ]
 
@@ -148,206 +144,6 @@ class LoopConfig:
         )
 
 
-# --------------------------------------------------------------------------- lockstep batches
-
-
-def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum a small CPU tensor over all workers (on the GPU under nccl, which only reduces CUDA tensors)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return t
-    if dist.get_backend() == "nccl":
-        out = t.to(torch.device("cuda", torch.cuda.current_device()))
-        dist.all_reduce(out)
-        return out.cpu()
-    dist.all_reduce(t)
-    return t
-
-
-@dataclass
-class StepBatch:
-    """One worker's input to one lockstep step."""
-
-    batch: Batch  # a real batch, or a one-sample dummy when this worker is out of data
-    num_samples: int  # this worker's real samples in the step (0 for a dummy)
-    global_samples: int  # real samples of all workers in the step
-    wait_s: float  # time until every worker had its batch
-    stats: dict[str, float] = field(default_factory=dict)  # packed_batch_stats: batch_bytes, dedup_factor
-    digest: str | None = None  # the packed batch's identity (ingest.batching.packed_digest); None for a dummy
-
-
-class Fetched(NamedTuple):
-    """What :meth:`BatchPrefetcher.get` hands over: the batch as tensors, its stats and its digest."""
-
-    batch: Any
-    stats: dict[str, float]
-    digest: str | None
-
-
-class _Failure:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-_END = object()
-
-
-class BatchPrefetcher:
-    """This worker's next batches, read from its shard and unpacked up to ``depth`` steps ahead.
-
-    ``get() -> Fetched(batch, stats, digest) | None`` (None once the shard is exhausted, and
-    on every call after that). With ``depth >= 1`` a background thread reads
-    the packed Arrow rows, unpacks them into tensors (and on CUDA pins them
-    and copies them to the device on a side stream) while the trainer
-    computes; with ``depth == 0`` each ``get`` does that work itself. At most
-    ``limit`` tables are read. An error of the reading thread is raised by
-    ``get``. :meth:`close` stops the thread; call it (or use ``with``).
-    """
-
-    def __init__(self, tables: Iterator[Any], unpack: Callable[[Any], Any], device: torch.device,
-                 depth: int, limit: int | None = None) -> None:
-        self._tables = tables
-        self._unpack = unpack
-        self._device = device
-        self._limit = limit
-        self._read = 0
-        self._done = False
-        self._stop = threading.Event()
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self._thread: threading.Thread | None = None
-        if depth > 0:
-            self._thread = threading.Thread(target=self._produce, name="dlrm-batch-prefetch", daemon=True)
-            self._thread.start()
-
-    # ------------------------------------------------------------ producer side
-
-    def _next_table(self) -> Any | None:
-        if self._limit is not None and self._read >= self._limit:
-            return None
-        table = next(self._tables, None)
-        if table is not None:
-            self._read += 1
-        return table
-
-    def _assemble(self, table: Any, stream: Any) -> tuple[Fetched, Any]:
-        if isinstance(table, Decoded):  # unpacked by the feeder (once, then kept by the epoch cache)
-            batch, stats, digest = table.value
-        else:
-            batch = self._unpack(table)  # host tensors
-            stats, digest = packed_batch_stats(table), packed_digest(table)
-        if self._device.type != "cuda":
-            return Fetched(batch, stats, digest), None
-        if stream is None:  # synchronous mode
-            return Fetched(batch.to(self._device), stats, digest), None
-        batch = batch.pin_memory()  # pinning only exists with CUDA (it raises on the CPU build)
-        with torch.cuda.stream(stream):
-            batch = batch.to(self._device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-        return Fetched(batch, stats, digest), event
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _produce(self) -> None:
-        try:
-            stream = None
-            if self._device.type == "cuda":
-                torch.cuda.set_device(self._device)  # the current device is per thread
-                stream = torch.cuda.Stream(device=self._device)
-            while not self._stop.is_set():
-                table = self._next_table()
-                if table is None:
-                    break
-                if not self._put(self._assemble(table, stream)):
-                    return
-            self._put(_END)
-        except BaseException as err:  # handed to the training thread
-            self._put(_Failure(err))
-
-    # ------------------------------------------------------------ consumer side
-
-    def get(self) -> Fetched | None:
-        if self._done:
-            return None
-        if self._thread is None:
-            try:
-                table = self._next_table()
-                item = _END if table is None else self._assemble(table, None)
-            except Exception as err:
-                item = _Failure(err)
-        else:
-            item = self._queue.get()
-        if item is _END:
-            self._done = True
-            return None
-        if isinstance(item, _Failure):
-            self._done = True
-            raise item.error
-        fetched, event = item
-        if event is not None:  # the copy ran on the side stream: order it before the step's kernels
-            current = torch.cuda.current_stream(self._device)
-            current.wait_event(event)
-            fetched.batch.record_stream(current)
-        return fetched
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is None:
-            return
-        while True:  # unblock a producer waiting on a full queue
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            log.warning("batch prefetch thread still reading after %.0f s; leaving it (daemon)", timeout_s)
-
-    def __enter__(self) -> BatchPrefetcher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def lockstep_batches(source: Any, job: JobConfig, device: torch.device,
-                     max_steps: int | None = None) -> Iterator[StepBatch]:
-    """Yield this worker's batches in lockstep with the other workers (see module docstring).
-
-    ``source``: the packed tables of this pass (a :class:`~.feed.ShardFeeder` pass), or a
-    dataset shard (anything with ``iter_batches``), read here. Ends for all workers at
-    once: when none has a batch left, or after ``max_steps``. Batches are unpacked ahead
-    by a :class:`BatchPrefetcher` (``ingest.prefetch_batches`` deep).
-    """
-    unpack, dummy = batch_codec(job, torch.device("cpu"))  # plain Batch or DedupBatch (ingest.dedup), on the host
-    if device.type != "cpu":
-        dummy = batch_codec(job, device)[1]
-    if hasattr(source, "iter_batches"):
-        tables = iter(source.iter_batches(batch_size=1, batch_format="pyarrow",
-                                          prefetch_batches=job.ingest.prefetch_batches))
-    else:
-        tables = iter(source)
-    with BatchPrefetcher(tables, unpack, device, job.ingest.prefetch_batches, max_steps) as batches:
-        steps = 0
-        while max_steps is None or steps < max_steps:
-            start = time.perf_counter()
-            item = batches.get()
-            batch, stats, digest = item if item is not None else (None, {}, None)
-            n = 0 if batch is None else int(batch.labels.shape[0])
-            flags = _all_reduce_sum(torch.tensor([int(batch is not None), n], dtype=torch.int64))
-            if int(flags[0]) == 0:
-                return
-            yield StepBatch(batch if batch is not None else dummy, n, int(flags[1]),
-                            time.perf_counter() - start, stats, digest)
-            steps += 1
-
-
 # --------------------------------------------------------------------------- statistics
 
 
@@ -372,7 +168,7 @@ class EpochStats:
 
     def all_reduced(self) -> EpochStats:
         """Sums over all workers (a collective)."""
-        t = _all_reduce_sum(torch.tensor([self.samples, self.loss_sum, self.wait_s, self.compute_s],
+        t = all_reduce_sum(torch.tensor([self.samples, self.loss_sum, self.wait_s, self.compute_s],
                                          dtype=torch.float64))
         return EpochStats(int(t[0]), float(t[1]), float(t[2]), float(t[3]), self.wall_s, self.first_wait_s)
 
@@ -499,11 +295,12 @@ class Worker:
 
     def _log_step(self, step: StepBatch, loss_sum: float, compute_s: float) -> None:
         metrics = {
-            "samples_per_s": step.global_samples / max(step.wait_s + compute_s, 1e-9),
-            "data_wait_fraction": step.wait_s / max(step.wait_s + compute_s, 1e-9),
+            run_metrics.SAMPLES_PER_S: step.global_samples / max(step.wait_s + compute_s, 1e-9),
+            run_metrics.DATA_WAIT_FRACTION: step.wait_s / max(step.wait_s + compute_s, 1e-9),
+            run_metrics.STEPS_DONE: float(self.progress.global_step),
         }
         if step.num_samples:
-            metrics["loss"] = loss_sum / step.num_samples
+            metrics[run_metrics.LOSS] = loss_sum / step.num_samples
             metrics.update(step.stats)
         self.tracker.log_step(self.progress.global_step, metrics)
 
@@ -675,7 +472,7 @@ def _all_gather_union(digests: list[str]) -> list[str]:
 def _all_reduce_min(vote: int) -> int:
     """The minimum of every worker's ``vote`` (0/1), as a sum compared with the world size."""
     world = dist.get_world_size() if dist.is_initialized() else 1
-    return int(int(_all_reduce_sum(torch.tensor([vote], dtype=torch.int64))[0]) == world)
+    return int(int(all_reduce_sum(torch.tensor([vote], dtype=torch.int64))[0]) == world)
 
 
 def _train_epochs(worker: Worker, feeder: ShardFeeder, has_eval: bool, threads: ThreadPlan,

@@ -42,7 +42,7 @@ Integration API (what the pipeline builder calls)
 Layout: ``ray_hooks`` (the one module touching ``ray.data._internal``),
 ``controller``/``observe``/``actions``/``features`` (observe, mask, act),
 ``policies``/``plumber``/``rl`` (decisions), ``simulator``/``rl_train``
-(offline RL pretraining), ``synthetic`` (YAML-described benchmark pipelines),
+(offline RL pretraining), ``sleep_pipelines`` (YAML-described benchmark pipelines),
 ``analysis`` (``dlrm-platform analyze``), ``cli``.
 """
 
@@ -52,6 +52,7 @@ import math
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from dlrm_platform.config import OPERATOR_NAMES
 from dlrm_platform.tuner.spec import POLICIES, OpSpec, TunerSpec
 
 if TYPE_CHECKING:
@@ -68,14 +69,12 @@ __all__ = [
     "operator_specs",
 ]
 
-INGEST_OPERATORS = ("read", "parse", "dense_transform", "sparse_transform", "batch")
-
 
 def operator_specs(ingest_cfg: IngestConfig) -> list[OpSpec]:
     """The tuned operators of the ingest pipeline, in pipeline order, from the config."""
     ops = ingest_cfg.operators
     return [OpSpec(name, getattr(ops, name).num_cpus, initial=getattr(ops, name).concurrency)
-            for name in INGEST_OPERATORS]
+            for name in OPERATOR_NAMES]
 
 
 def _upper_bounds(specs: list[OpSpec], cpu_budget: float) -> dict[str, int]:

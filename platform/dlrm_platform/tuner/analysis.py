@@ -111,7 +111,7 @@ def run_pipeline_file(path: str | Path, seconds: float, warmup_s: float = 5.0) -
 
     from dlrm_platform import tuner as tuner_api
     from dlrm_platform.config import TunerConfig
-    from dlrm_platform.tuner.synthetic import build_dataset, load_pipeline, stop_storage
+    from dlrm_platform.tuner.sleep_pipelines import build_dataset, load_pipeline, stop_storage
 
     pipe = load_pipeline(path)
     specs = pipe.op_specs()
@@ -142,32 +142,30 @@ def run_pipeline_file(path: str | Path, seconds: float, warmup_s: float = 5.0) -
 
 
 def run_job_config(path: str | Path, seconds: float, warmup_s: float = 8.0) -> ProfileRun:
+    """Profile the train pipeline `dlrm-platform run` builds for the job config at ``path``.
+
+    The same pipeline (:mod:`.job_pipelines`: plain or dedup, fused or split), with
+    the operators held at the config's own numbers instead of a live tuner.
+    """
     import ray
 
-    from dlrm_platform import tuner as tuner_api
     from dlrm_platform.config import TunerConfig, load_job_config
-    from dlrm_platform.ingest.pipeline import build_dataset, cpu_budget
+    from dlrm_platform.ingest.pipeline import cpu_budget
     from dlrm_platform.ingest.source import validate_dataset
-    from dlrm_platform.ingest.transforms import TransformSpec
-    from dlrm_platform.job import ray_session
+    from dlrm_platform.ray_cluster import ray_session
+    from dlrm_platform.tuner.job_pipelines import build_job_pipelines, plan_job_pipelines
 
     job = load_job_config(path)
     files = validate_dataset(job.data)
-    specs = tuner_api.operator_specs(job.ingest)
     with ray_session(job.ray):
         from ray.data import DataContext
 
         DataContext.get_current().enable_progress_bars = False
         budget = cpu_budget(job, float(ray.cluster_resources().get("CPU", 0))).data
-        strategies = tuner_api.compute_strategies(TunerConfig(policy="static"), job.ingest, budget)
-        # Same builder as the job, with per-operator pool sizes that keep the operators apart;
-        # the tuner then holds each at the config's own concurrency.
-        ingest = job.ingest.model_copy(deep=True)
-        for name, strat in strategies.items():
-            getattr(ingest.operators, name).concurrency = int(strat.size)
+        plan = plan_job_pipelines(job, budget, TunerConfig(policy="static"))
+        specs = plan.operators
         qdir = Path(job.tracking.runs_dir).resolve() / "quarantine" / "analyze"
-        spec = TransformSpec.from_config(job.data.columns, ingest, qdir)
-        ds = build_dataset(files.train, spec, ingest)
+        ds = build_job_pipelines(plan, files, qdir).train
         ds.context.execution_options.resource_limits = ds.context.execution_options.resource_limits.copy(cpu=budget)
         obs, fused, missing = _run_and_observe(ds, specs, budget, seconds, warmup_s)
     report = analyse(obs, [s for s in specs if s.name in obs.names], budget)

@@ -12,9 +12,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-POLICIES = ("static", "ray_default", "plumber", "hill_climb", "rl", "oracle")
+from dlrm_platform.config import TUNER_POLICIES
+
+POLICIES = TUNER_POLICIES  # named once, in the config (TunerConfig.policy)
 # Policies whose decisions the tuner applies. `ray_default` only observes.
-CONTROLLING_POLICIES = ("static", "plumber", "hill_climb", "rl", "oracle")
+CONTROLLING_POLICIES = tuple(p for p in POLICIES if p != "ray_default")
 
 Allocation = dict[str, int]
 

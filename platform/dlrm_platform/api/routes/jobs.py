@@ -14,6 +14,7 @@ from dlrm_platform.api.auth import Principal
 
 from dlrm_platform.api.db import JobEventRecord, JobRecord, JobStatus
 from dlrm_platform.api.deps import PrincipalDep, ServiceDep, SettingsDep
+from dlrm_platform.api.errors import NotFound
 from dlrm_platform.api.schemas.requests import JobSubmitRequest
 from dlrm_platform.api.schemas.responses import (
     ErrorBody,
@@ -24,7 +25,7 @@ from dlrm_platform.api.schemas.responses import (
     JobSummary,
     SubmitResponse,
 )
-from dlrm_platform.api.service import JobService, NotFound
+from dlrm_platform.api.service import JobService
 from dlrm_platform.api.settings import ApiSettings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

@@ -17,7 +17,7 @@ from dlrm_platform.config import DataConfig, DatasetSchema, SessionLengthConfig,
 from dlrm_platform.errors import UserError
 from dlrm_platform.ingest import cli as ingest_cli
 from dlrm_platform.ingest.source import validate_dataset
-from dlrm_platform.ingest.synthetic import (
+from dlrm_platform.ingest.synthetic_data import (
     ColumnMismatchError,
     arrow_schema,
     check_declared_columns,
@@ -276,12 +276,12 @@ def test_unfinished_dataset_is_regenerated(tmp_path: Path) -> None:
 
 
 def test_success_is_written_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dlrm_platform.ingest import synthetic
+    from dlrm_platform.ingest import synthetic_data
 
     def crash(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(synthetic, "write_schema_yaml", crash)
+    monkeypatch.setattr(synthetic_data, "write_schema_yaml", crash)
     with pytest.raises(RuntimeError):
         generate_dataset(data_for(tmp_path, small(num_sessions=20)), progress=False)
     assert list((tmp_path / "train").glob("*.parquet")) and not (tmp_path / "_SUCCESS").exists()

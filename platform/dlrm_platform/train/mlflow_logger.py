@@ -1,6 +1,6 @@
 """Worker-side MLflow logging: rank 0 logs into the run the driver created.
 
-The driver (``dlrm_platform.tracking``) creates the store and the run and
+The driver (``dlrm_platform.mlflow_run``) creates the store and the run and
 passes its id and URI to the workers. Here, per-step metrics are buffered and
 sent in one ``MlflowClient.log_batch`` request every ``log_every_steps``
 steps; per-epoch metrics are sent at once. Without a run id (or on ranks

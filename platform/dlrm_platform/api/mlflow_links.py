@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from dlrm_platform import run_metrics
+
 log = logging.getLogger(__name__)
 
 JOB_ID_TAG = "job_id"
@@ -225,21 +227,8 @@ def _finite(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _pick(metrics: Mapping[str, float], exact: tuple[str, ...], suffix: str) -> float | None:
-    for k in exact:
-        if k in metrics:
-            return _finite(metrics[k])
-    for k, v in metrics.items():
-        if k.endswith(suffix):
-            return _finite(v)
-    return None
-
-
 class MlflowTracker:
     """The service's MLflow client (through the tracking server)."""
-
-    STEP_KEYS = ("steps_done", "global_step", "step", "train/step")
-    LOSS_KEYS = ("loss", "train_loss", "train/loss")
 
     def __init__(self, tracking_uri: str, ui_url: str | None = None):
         from mlflow.tracking import MlflowClient
@@ -279,15 +268,14 @@ class MlflowTracker:
         if not metrics:
             return None
         p = Progress(
-            samples_per_s=_pick(metrics, ("samples_per_s", "train/samples_per_s", "samples_per_sec"), "samples_per_s"),
-            data_wait_fraction=_pick(metrics, ("data_wait_fraction", "train/data_wait_fraction"), "data_wait_fraction"),
+            samples_per_s=_finite(metrics.get(run_metrics.SAMPLES_PER_S)),
+            data_wait_fraction=_finite(metrics.get(run_metrics.DATA_WAIT_FRACTION)),
         )
-        step = _pick(metrics, self.STEP_KEYS, "global_step")
-        if step is None:
-            key = next((k for k in self.LOSS_KEYS if k in metrics), None)
-            if key is not None:
-                history = self.client.get_metric_history(run_id, key)
-                step = max((m.step for m in history), default=None)
+        step = _finite(metrics.get(run_metrics.STEPS_DONE))
+        if step is None and run_metrics.LOSS in metrics:
+            # A run whose worker did not log steps_done (older versions): the last step of its loss history.
+            history = self.client.get_metric_history(run_id, run_metrics.LOSS)
+            step = max((m.step for m in history), default=None)
         p.steps_done = int(step) if step is not None else None
         return p
 

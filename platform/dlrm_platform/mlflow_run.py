@@ -73,25 +73,37 @@ def flatten(prefix: str, value: Any) -> Iterator[tuple[str, str]]:
 
 def start_job_run(job: JobConfig, tracking_uri: str, *, config_source: str | None = None,
                   run_id: str | None = None) -> str:
-    """Create the job's MLflow run (or reopen ``run_id`` on a retry) and log the resolved config."""
-    from mlflow.entities import Param, RunTag
+    """Create the job's MLflow run, or reopen ``run_id`` (created by the API service, or a retry's);
+    the resolved config is logged once per run."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
     if run_id is not None:
         client.update_run(run_id, status="RUNNING")
+        # A run the API service created holds no params yet: the job logs its config into it once.
+        # A retry reopens a run that has them (and may differ in train.resume_from): left as it is.
+        if not client.get_run(run_id).data.params:
+            _log_config(client, run_id, job, config_source)
         return run_id
     experiment_id = ensure_experiment(job.tracking, tracking_uri)
+    run = client.create_run(experiment_id, run_name=job.tracking.run_name or job.name)
+    _log_config(client, run.info.run_id, job, config_source)
+    return run.info.run_id
+
+
+def _log_config(client: Any, run_id: str, job: JobConfig, config_source: str | None) -> None:
+    """The job's tags, its resolved config as params, and the run's note."""
+    from mlflow.entities import Param, RunTag
+
     tags = {"job.name": job.name, **{k: redact_param(k, v) for k, v in job.tracking.tags.items()}}
     if config_source:
         tags["job.config_source"] = config_source
-    run = client.create_run(experiment_id, run_name=job.tracking.run_name or job.name, tags=tags)
     # Secrets never become params: passwords in URIs, values of secret-named fields (dlrm_platform.redact).
     params = [Param(k, redact_param(k, v)) for k, v in flatten("", job.model_dump(mode="json"))]
     for i in range(0, len(params), 100):  # MLflow's per-request limit
-        client.log_batch(run.info.run_id, params=params[i : i + 100])
-    client.log_batch(run.info.run_id, tags=[RunTag("mlflow.note.content", f"dlrm-platform job `{job.name}`")])
-    return run.info.run_id
+        client.log_batch(run_id, params=params[i : i + 100])
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()]
+                     + [RunTag("mlflow.note.content", f"dlrm-platform job `{job.name}`")])
 
 
 def run_url(tracking_uri: str, run_id: str, experiment_id: str | None = None) -> str | None:

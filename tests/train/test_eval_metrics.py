@@ -9,7 +9,7 @@ import pytest
 from sklearn.metrics import log_loss as sk_log_loss
 from sklearn.metrics import roc_auc_score
 
-from dlrm_platform.train.metrics import auc, logloss, logloss_from_logits, sigmoid
+from dlrm_platform.train.eval_metrics import auc, logloss, logloss_from_logits, sigmoid
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -1,0 +1,76 @@
+"""A job's ingest pipelines as `dlrm-platform run` builds them: for the job, and for `dlrm-platform analyze`.
+
+:func:`plan_job_pipelines` is the one place that decides how a job's pipelines
+are laid out for the tuner: fused (``ingest.fusion``: one read operator does
+read..batch, the tuner holds its task count) or split (every operator's task
+pool sized to the most the tuner could ever give it: distinct sizes also keep
+Ray from fusing neighbours; the tuner caps running tasks live, starting from
+the config's numbers). Plain or dedup is decided by
+:func:`dlrm_platform.ingest.pipeline.build_job_datasets`. `run` installs the
+tuner on the result (:func:`build_tuned_datasets`); `analyze` observes the same
+pipeline with its operators held at the config's numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlrm_platform.config import JobConfig, OperatorConfig, TunerConfig
+from dlrm_platform.ingest.fused import fusion_enabled
+from dlrm_platform.ingest.pipeline import PipelineDatasets, build_job_datasets, fused_operator, warm_data_workers
+from dlrm_platform.tuner import OpSpec, attach, compute_strategies, operator_specs
+
+__all__ = ["JobPipelinePlan", "build_job_pipelines", "build_tuned_datasets", "plan_job_pipelines"]
+
+log = logging.getLogger("dlrm_platform.job")  # the job's messages
+
+
+@dataclass(frozen=True)
+class JobPipelinePlan:
+    """How to build a job's pipelines: ``job`` with the task-pool sizes applied (split), or the fused operator."""
+
+    job: JobConfig
+    fused_op: OperatorConfig | None
+    operators: list[OpSpec]  # the operators the tuner sees, in pipeline order
+
+    @property
+    def fused(self) -> bool:
+        return self.fused_op is not None
+
+
+def plan_job_pipelines(job: JobConfig, data_cpus: float, tuner_cfg: TunerConfig | None) -> JobPipelinePlan:
+    """The layout `run` builds for ``job`` on ``data_cpus``; split pools are sized for ``tuner_cfg``."""
+    if fusion_enabled(job.ingest, job.tuner):
+        op = fused_operator(job.ingest, data_cpus)
+        return JobPipelinePlan(job, op, [OpSpec("read", op.num_cpus, initial=op.concurrency)])
+    pools = compute_strategies(tuner_cfg, job.ingest, cpu_budget=data_cpus)
+    operators = job.ingest.operators.model_copy(
+        update={name: getattr(job.ingest.operators, name).model_copy(update={"concurrency": pool.size})
+                for name, pool in pools.items()}
+    )
+    build_job = job.model_copy(update={"ingest": job.ingest.model_copy(update={"operators": operators})})
+    return JobPipelinePlan(build_job, None, operator_specs(job.ingest))
+
+
+def build_job_pipelines(plan: JobPipelinePlan, files, quarantine_dir: Path) -> PipelineDatasets:
+    """The train and eval pipelines of ``plan`` (``files``: ``ingest.source`` split files)."""
+    if plan.fused_op is not None:
+        warm_data_workers(plan.fused_op.concurrency + 1)  # the read tasks' processes import while the trainers start
+    return build_job_datasets(plan.job, files.train, files.eval, quarantine_dir, fused_op=plan.fused_op)
+
+
+def build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus: float):
+    """The job's pipelines with the tuner installed on the train pipeline; returns (datasets, tuner handle)."""
+    plan = plan_job_pipelines(job, data_cpus, job.tuner)
+    datasets = build_job_pipelines(plan, files, quarantine_dir)
+    if plan.fused_op is not None:
+        op = plan.fused_op
+        handle = attach(job.tuner, job.ingest, datasets.train.context, cpu_budget=data_cpus,
+                        operators=plan.operators, options={"samples_per_sink_row": float(job.ingest.batch_size)})
+        log.info("pipeline: %s; %d tasks of %g CPU", datasets.describe(), op.concurrency, op.num_cpus)
+        return datasets, handle
+    handle = attach(job.tuner, job.ingest, datasets.train.context, cpu_budget=data_cpus)
+    log.info("pipeline: %s; tuner: policy %s (CPU budget %g)", datasets.describe(), job.tuner.policy, data_cpus)
+    return datasets, handle

@@ -1,0 +1,50 @@
+"""`dlrm-platform analyze CONFIG` profiles the pipeline `dlrm-platform run` builds (no Ray: the builder is stubbed)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import ray
+
+import dlrm_platform.config as config_module
+from dlrm_platform import ray_cluster
+from dlrm_platform.config import load_job_config
+from dlrm_platform.ingest import source
+from dlrm_platform.tuner import analysis, job_pipelines
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Built(Exception):
+    """Raised by the stubbed builder: the pipeline would have been built here."""
+
+
+@pytest.mark.parametrize("overrides", [[], ["ingest.fusion=false"], ["ingest.dedup=false"]])
+def test_analyze_builds_what_run_builds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, overrides: list[str]) -> None:
+    config = tmp_path / "job.yaml"
+    config.write_text((REPO / "configs" / "demo.yaml").read_text())
+    built: dict = {}
+
+    def build(job, train_files, eval_files, quarantine_dir, *, fused_op=None):
+        built.update(job=job, fused_op=fused_op, files=(train_files, eval_files))
+        raise Built
+
+    monkeypatch.setattr(job_pipelines, "build_job_datasets", build)
+    monkeypatch.setattr(job_pipelines, "warm_data_workers", lambda count: [])
+    monkeypatch.setattr(ray_cluster, "ray_session", lambda cfg, **kw: contextlib.nullcontext())
+    monkeypatch.setattr(source, "validate_dataset", lambda data: SimpleNamespace(train=["t.parquet"], eval=["e.parquet"]))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
+    monkeypatch.setattr(config_module, "load_job_config", lambda path, ov=None: load_job_config(path, overrides))
+
+    with pytest.raises(Built):
+        analysis.run_job_config(config, seconds=1.0)
+
+    job = load_job_config(config, overrides)
+    data_cpus = 4.0 - job.train.num_workers * job.train.cpus_per_worker
+    run = job_pipelines.plan_job_pipelines(job, data_cpus, job.tuner)
+    assert built["job"].dedup_enabled == job.dedup_enabled == (overrides != ["ingest.dedup=false"])  # demo: dedup
+    assert (built["fused_op"] is None) == (run.fused_op is None)
+    assert built["files"] == (["t.parquet"], ["e.parquet"])
