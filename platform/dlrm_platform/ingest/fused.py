@@ -25,7 +25,6 @@ Nothing here imports torch: Ray Data workers import this module.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from dlrm_platform.config import IngestConfig, TunerConfig
 from dlrm_platform.ingest import dedup_operators, dedup_sessions, transforms
+from dlrm_platform.ingest.batching import PACKED_SCHEMA
 from dlrm_platform.ingest.transforms import TransformSpec
 
 __all__ = [
@@ -100,7 +100,7 @@ def preprocess_flat(table: pa.Table, spec: TransformSpec, batch_size: int) -> pa
     """Flat rows -> packed batches (``batching.PACKED_SCHEMA``): the plain pipeline's four operators in one call."""
     table = transforms.sparse_transform(transforms.dense_transform(transforms.parse(table, spec), spec), spec)
     if table.num_rows == 0:
-        return _empty_plain()
+        return PACKED_SCHEMA.empty_table()
     return pa.concat_tables([transforms.batch(table.slice(lo, batch_size), spec)
                              for lo in range(0, table.num_rows, batch_size)])
 
@@ -109,12 +109,6 @@ def preprocess_sessions(block: pa.Table, spec: TransformSpec, batch_size: int) -
     """A session block -> packed IKJT batches: the dedup pipeline's four operators in one call."""
     block = dedup_operators.sparse_transform(dedup_operators.dense_transform(dedup_operators.parse(block, spec), spec), spec)
     return dedup_operators.batch(block, spec, batch_size)
-
-
-def _empty_plain() -> pa.Table:
-    from dlrm_platform.ingest.batching import PACKED_SCHEMA
-
-    return PACKED_SCHEMA.empty_table()
 
 
 # --------------------------------------------------------------------------- slicing a read into blocks
@@ -249,8 +243,3 @@ def _session_reader(users_path: str, samples_path: str, spec: TransformSpec, bat
                 yield out
 
     return read
-
-
-def expected_blocks(num_samples: int, block_rows: int) -> int:
-    """About how many blocks an epoch of ``num_samples`` yields (for logs)."""
-    return max(1, math.ceil(num_samples / max(block_rows, 1)))

@@ -79,6 +79,11 @@ class CacheOverflow(UserError):
     """``ingest.cache.mode: on`` and the batches outgrew the configured bounds."""
 
 
+def _num_samples(table: pa.Table) -> int:
+    """Samples in packed batch rows."""
+    return int(np.asarray(table.column("num_samples").to_numpy()).sum())
+
+
 def input_fingerprint(files: Iterable[str | os.PathLike]) -> str:
     """Identifies the bytes a pipeline reads: every file's path, size and modification time."""
     h = hashlib.sha256()
@@ -184,7 +189,7 @@ class EpochCache:
         return ""
 
     def _count(self, table: pa.Table) -> None:
-        self.samples += int(np.asarray(table.column("num_samples").to_numpy()).sum())
+        self.samples += _num_samples(table)
 
     def _spill(self, table: pa.Table) -> None:
         if self._writer is None:
@@ -473,7 +478,7 @@ class ShardFeeder:
             if skip and self.digest(table) in skip:  # trained before the restart: cached, not handed over
                 p.stats.skipped += 1
                 continue
-            self._record(p, table)
+            self._record(p, _num_samples(table))
             if not p.put(item, int(table.nbytes), bounded=kept != "memory", stop=self._stop):
                 return
         p.stats.source_s = self.clock() - p.stats.started_s
@@ -485,9 +490,7 @@ class ShardFeeder:
         p.stats.source, p.stats.started_s = "cache", self.clock()
         for entry in ds.cache.replay(seed=self.job.train.seed * 1_000_003 + epoch * 7919 + self.rank):
             item = entry if isinstance(entry, Decoded) else self._decode(entry)
-            p.stats.first_batch_s = p.stats.first_batch_s if p.stats.first_batch_s is not None else \
-                self.clock() - p.stats.started_s
-            p.stats.batches += 1
+            self._record(p, 0)  # a decoded entry has no packed row to count: the pass total is the cache's
             if not p.put(item, 0, bounded=False, stop=self._stop):
                 return
         p.stats.samples = ds.cache.samples
@@ -497,8 +500,8 @@ class ShardFeeder:
     def _decode(self, table: pa.Table) -> pa.Table | Decoded:
         return Decoded(self.decode(table)) if self.decode is not None else table
 
-    def _record(self, p: _Pass, table: pa.Table) -> None:
+    def _record(self, p: _Pass, samples: int) -> None:
         if p.stats.first_batch_s is None:
             p.stats.first_batch_s = self.clock() - p.stats.started_s
         p.stats.batches += 1
-        p.stats.samples += int(np.asarray(table.column("num_samples").to_numpy()).sum())
+        p.stats.samples += samples
