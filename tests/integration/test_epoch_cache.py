@@ -1,7 +1,8 @@
 """Epoch cache and read-ahead on a real local Ray cluster: every sample exactly once per epoch.
 
-Two levels: ShardFeeders over real ``streaming_split`` iterators (one per
-consumer thread, sample ids counted), and Ray Train jobs with 1 and 2
+Two levels: ShardFeeders over the job's feed service and over real
+``streaming_split`` iterators (one per consumer thread, sample ids counted),
+and Ray Train jobs with 1 and 2
 workers, cache on and off, on the job's own fused dedup pipeline.
 """
 
@@ -37,12 +38,19 @@ def _id_tables(n_batches: int, size: int) -> list[pa.Table]:
             for i in range(n_batches)]
 
 
+@pytest.mark.parametrize("source", ["service", "split"])
 @pytest.mark.parametrize("mode", ["auto", "off"])
-def test_two_consumers_of_streaming_split_see_every_id_once_per_epoch(ray_cluster, tmp_path, mode):
+def test_two_consumers_see_every_id_once_per_epoch(ray_cluster, tmp_path, mode, source):
     import ray.data
 
+    from dlrm_platform.ingest.feed_service import FeedClient, start_feed_service
+
     ds = ray.data.from_arrow(_id_tables(23, 7))  # odd count: the consumers get different numbers
-    splits = ds.streaming_split(2, equal=False)
+    if source == "service":
+        service = start_feed_service({"train": ds}, consumers=2, ahead=[("train", 0)])
+        splits = [FeedClient(service, "train", r) for r in range(2)]
+    else:
+        splits = ds.streaming_split(2, equal=False)
     votes, lock, barrier = [], threading.Lock(), threading.Barrier(2, timeout=60)
 
     def all_reduce_min(v: int) -> int:

@@ -467,8 +467,11 @@ class ShardFeeder:
         skip = self.skip.get((p.stats.name, p.stats.epoch), frozenset())
         if skip and self.digest is None:
             raise ValueError("ShardFeeder: skipping trained batches needs a digest function")
-        it = iter(ds.shard.iter_batches(batch_size=1, batch_format="pyarrow",
-                                        prefetch_batches=max(1, self.prefetch_batches)))
+        if hasattr(ds.shard, "iter_pass"):  # the job's feed service (ingest.feed_service.FeedClient)
+            it = iter(ds.shard.iter_pass(p.stats.epoch))
+        else:  # a Ray DataIterator: each call is the next execution
+            it = iter(ds.shard.iter_batches(batch_size=1, batch_format="pyarrow",
+                                            prefetch_batches=max(1, self.prefetch_batches)))
         while limit is None or p.stats.batches + p.stats.skipped < limit:
             table = next(it, None)
             if table is None:

@@ -69,6 +69,7 @@ from dlrm_platform import run_metrics
 from dlrm_platform.config import JobConfig
 from dlrm_platform.ingest.batching import packed_digest
 from dlrm_platform.ingest.dedup_batching import packed_batch_stats
+from dlrm_platform.ingest.feed_service import FeedClient
 from dlrm_platform.train.checkpoint import (
     CheckpointWriteError,
     TrainProgress,
@@ -121,6 +122,7 @@ class LoopConfig:
     has_eval: bool = True
     dataset_files: dict[str, list[str]] = field(default_factory=dict)  # what each pipeline reads (cache keys)
     cache_dir: str | None = None  # where epoch caches spill; None: ingest.cache.spill_dir or a temp dir
+    feed_service: Any = None  # the job's ingest.feed_service.FeedService actor; None: Ray Train's dataset shards
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +132,7 @@ class LoopConfig:
             "has_eval": self.has_eval,
             "dataset_files": {k: [str(f) for f in v] for k, v in self.dataset_files.items()},
             "cache_dir": self.cache_dir,
+            "feed_service": self.feed_service,  # an actor handle: Ray pickles the train loop config
         }
 
     @classmethod
@@ -141,6 +144,7 @@ class LoopConfig:
             has_eval=bool(config.get("has_eval", True)),
             dataset_files={str(k): [str(f) for f in v] for k, v in (config.get("dataset_files") or {}).items()},
             cache_dir=config.get("cache_dir"),
+            feed_service=config.get("feed_service"),
         )
 
 
@@ -440,7 +444,10 @@ def _start_feeder(loop: LoopConfig, rank: int, checkpoint_path: str | None) -> S
     progress = read_progress(checkpoint_path) if checkpoint_path else None
     start_epoch = progress.next_epoch if progress is not None else 0
     names = ("train", "eval") if loop.has_eval else ("train",)
-    shards = {n: (ray.train.get_dataset_shard(n), loop.dataset_files.get(n, [])) for n in names}
+    if loop.feed_service is not None:
+        shards = {n: (FeedClient(loop.feed_service, n, rank), loop.dataset_files.get(n, [])) for n in names}
+    else:
+        shards = {n: (ray.train.get_dataset_shard(n), loop.dataset_files.get(n, [])) for n in names}
     spill = loop.cache_dir or (str(job.ingest.cache.spill_dir) if job.ingest.cache.spill_dir else None)
     unpack = batch_codec(job, torch.device("cpu"))[0]  # host tensors; the prefetcher copies to the device
     return ShardFeeder(

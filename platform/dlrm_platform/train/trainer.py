@@ -8,45 +8,26 @@ checkpoint (Ray Train V2 keeps metrics only for reports with a checkpoint).
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import ray.train
+import ray
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from dlrm_platform.config import JobConfig
+from dlrm_platform.ingest.feed_service import start_feed_service
 from dlrm_platform.train.loop import LoopConfig, train_loop_per_worker
 
 if TYPE_CHECKING:
-    from ray.data import Dataset, DataIterator, ExecutionOptions
+    from ray.data import Dataset, ExecutionOptions
 
-__all__ = ["TrainingResult", "UnequalSplitDataConfig", "run_training"]
+log = logging.getLogger("dlrm_platform.train")
 
-
-class UnequalSplitDataConfig(ray.train.DataConfig):
-    """Ray Train's DataConfig with ``streaming_split(equal=False)``.
-
-    The stock ``configure`` hard-codes ``equal=True``, which drops rows to give
-    every worker the same count. We keep every row and instead run the
-    workers in lockstep with zero-weight steps for a worker that runs out
-    first (see :mod:`.loop`), so each sample is trained on once per epoch.
-    """
-
-    def configure(self, datasets: dict[str, Dataset], world_size: int, worker_handles: Any,
-                  worker_node_ids: Any, **kwargs: Any) -> list[dict[str, DataIterator]]:
-        output: list[dict[str, DataIterator]] = [{} for _ in range(world_size)]
-        hints = worker_node_ids if self._enable_shard_locality else None
-        for name, ds in datasets.items():
-            ds = ds.copy(ds)
-            if ds.name is None:
-                ds.set_name(name)
-            ds.context.execution_options = self._resolve_execution_options(name)
-            for i, split in enumerate(ds.streaming_split(world_size, equal=False, locality_hints=hints)):
-                output[i][name] = split
-        return output
+__all__ = ["TrainingResult", "run_training"]
 
 
 @dataclass
@@ -112,9 +93,10 @@ def run_training(
         raise ValueError(f"datasets must hold 'train' (and optionally 'eval'), got {sorted(datasets)}")
     train = job.train
     name = run_name or f"{job.name}-{mlflow_run_id or uuid.uuid4().hex[:8]}"
+    feed = _start_feed(job, {k: v for k, v in datasets.items() if k in ("train", "eval")}, execution_options)
     loop_config = LoopConfig(job=job, mlflow_run_id=mlflow_run_id, tracking_uri=tracking_uri,
                              has_eval="eval" in datasets, dataset_files=dict(dataset_files or {}),
-                             cache_dir=cache_dir)
+                             cache_dir=cache_dir, feed_service=feed)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config.to_dict(),
@@ -131,13 +113,41 @@ def run_training(
             failure_config=FailureConfig(max_failures=train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
         ),
-        datasets={k: v for k, v in datasets.items() if k in ("train", "eval")},
-        dataset_config=UnequalSplitDataConfig(execution_options=execution_options),
+        # No ``datasets``: the workers read from the feed service (see ingest/feed_service.py for why).
     )
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+        feed_passes = _describe_feed(feed)
+    finally:
+        ray.kill(feed)
     if result.error is not None:
         raise result.error
     if result.metrics is None:
         raise RuntimeError(f"training run {name!r} reported no checkpoint with metrics")
     checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
-    return TrainingResult.from_metrics(result.metrics, checkpoint_path)
+    metrics = dict(result.metrics)
+    metrics["feed_service"] = feed_passes
+    return TrainingResult.from_metrics(metrics, checkpoint_path)
+
+
+def _start_feed(job: JobConfig, datasets: dict[str, Dataset],
+                execution_options: ExecutionOptions | dict[str, ExecutionOptions] | None) -> ray.actor.ActorHandle:
+    """The job's feed service over ``datasets``, already running the first passes (with ``ingest.read_ahead``)."""
+    for name, ds in datasets.items():
+        options = execution_options.get(name) if isinstance(execution_options, dict) else execution_options
+        if options is not None:
+            ds.context.execution_options = options
+        if ds.name is None:
+            ds.set_name(name)
+    first_epoch = 0 if job.train.resume_from is None else None  # resuming: the workers say where from
+    ahead = [(n, first_epoch) for n in ("train", "eval") if n in datasets] if (
+        job.ingest.read_ahead and first_epoch is not None) else []
+    return start_feed_service(datasets, consumers=job.train.num_workers, ahead=ahead)
+
+
+def _describe_feed(feed: ray.actor.ActorHandle) -> dict:
+    try:
+        return ray.get(feed.describe.remote(), timeout=10)
+    except Exception as err:  # noqa: BLE001 - telemetry must not fail a finished run
+        log.warning("feed service did not describe its passes: %s", err)
+        return {}
