@@ -49,6 +49,7 @@ class JobSummary:
     pipeline: str = ""
     epochs: list[dict] = field(default_factory=list)  # per epoch: data_wait_fraction, first_batch_latency_s, source
     epoch_cache: dict = field(default_factory=dict)  # rank 0's caches: state, batches, MB in memory / on disk
+    feed: dict = field(default_factory=dict)  # the feed service's passes (ingest/feed_service.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -62,6 +63,7 @@ class JobSummary:
             ("first batch (s)", first or "-"),
             ("pipeline", self.pipeline or "-"),
             ("epoch cache", describe_cache(self.epoch_cache, self.epochs)),
+            ("feed service", describe_feed(self.feed)),
             ("held-out AUC", f"{self.auc:.4f}"),
             ("held-out logloss", f"{self.logloss:.4f}"),
             ("steps / samples", f"{self.steps:,} / {self.samples:,}"),
@@ -88,6 +90,22 @@ def describe_cache(caches: dict, epochs: list[dict]) -> str:
         return f"off ({train['reason']})"
     where = f"{train['batches']:,} batches, {train['memory_mb']:.1f} MB in memory, {train['disk_mb']:.1f} MB on disk"
     return f"{train['state']}: {where}" + (f"; epochs {', '.join(replayed)} replayed from it" if replayed else "")
+
+
+def describe_feed(feed: dict) -> str:
+    """One line on the first train pass: how long the pipeline took and whether it beat the trainers' start."""
+    passes = [p for p in feed.get("passes", []) if p.get("name") == "train"]
+    if not passes:
+        return "-"
+    first = min(passes, key=lambda p: p["epoch"])
+    ready = first.get("produced_s")
+    asked = first.get("first_open_s")
+    line = f"{len(passes)} train pass(es) run; epoch {first['epoch']}: {first['rows']:,} batches"
+    if ready is not None and asked is not None:
+        lead = asked - ready
+        line += (f", all produced {lead:.1f} s before the trainers asked" if lead >= 0 else
+                 f", trainers asked {-lead:.1f} s before its last batch (first after {first['first_block_s']:.1f} s)")
+    return line
 
 
 def open_hint(tracking_uri: str) -> str:
@@ -167,6 +185,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             pipeline=datasets.describe(),
             epochs=list((result.metrics or {}).get("epochs", [])),
             epoch_cache=dict(((result.metrics or {}).get("feed") or {}).get("caches", {})),
+            feed=dict((result.metrics or {}).get("feed_service") or {}),
         )
         _log_summary(client, run_id, summary, quarantined)
         if job.tracking.log_model:  # the pyfunc model a user loads for inference (train/export.py)
@@ -222,6 +241,9 @@ def _log_summary(client, run_id: str, summary: JobSummary, quarantined: dict[str
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
     client.log_dict(run_id, json.loads(summary.to_json()), "summary.json")
     client.set_tag(run_id, "epoch_cache", describe_cache(summary.epoch_cache, summary.epochs)[:5000])
+    client.set_tag(run_id, "feed_service", describe_feed(summary.feed)[:5000])
+    if summary.feed:
+        client.log_dict(run_id, summary.feed, "feed_service.json")
     if quarantined:
         client.log_dict(run_id, quarantined, "quarantine_counts.json")
 

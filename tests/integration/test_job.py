@@ -67,6 +67,11 @@ def test_run_command_logs_a_complete_mlflow_run(ray_cluster, small_job, tmp_path
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "summary.json" in artifacts
     assert "model" in artifacts
+    # The feed service ran the first train pass, which handed every batch to the trainer.
+    assert "feed_service.json" in artifacts
+    (first,) = [p for p in summary.feed["passes"] if (p["name"], p["epoch"]) == ("train", 0)]
+    assert first["rows"] == sum(first["handed"].values()) > 0
+    assert run.data.tags["feed_service"].startswith("1 train pass(es) run")
     # The tuner's decisions and throughput over time: a plot and the raw history.
     assert {"tuner_allocation.png", "tuner_history.json", "tuner_summary.json"} <= artifacts
     assert client.get_metric_history(run.info.run_id, "tuner/samples_per_s")

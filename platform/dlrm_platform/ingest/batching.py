@@ -5,8 +5,8 @@ worker, where importing torch and torchrec would cost seconds per process
 (the unpacking side is :mod:`dlrm_platform.train.batches`).
 
 The pipeline's last operator (``batch``) turns preprocessed rows into *packed
-batches*: one Arrow row per training batch, so that ``streaming_split`` hands
-whole batches to trainers and the trainer's only host-side work is one copy of
+batches*: one Arrow row per training batch, so that the feed service
+(:mod:`.feed_service`) hands whole batches to trainers and the trainer's only host-side work is one copy of
 each buffer into a tensor.
 
 A packed row holds, for a batch of ``B`` samples, ``D`` dense features and

@@ -9,8 +9,8 @@ operator instead, one task per file or dedup shard pair yielding a block per
 ~``block_rows`` samples. :func:`build_job_datasets` is the one place that
 picks plain or dedup, fused or split.
 
-The result streams packed batches (``ingest.batching``) into Ray Train through
-``streaming_split``. The CPU budget is explicit: Ray Data gets ``data_cpus``
+The result streams packed batches (``ingest.batching``) into the Ray Train
+workers through the job's feed service (:mod:`.feed_service`). The CPU budget is explicit: Ray Data gets ``data_cpus``
 (by default the cluster's CPUs minus the trainers'), so the pipeline and the
 trainers never wait on each other's reservations (ARCHITECTURE.md, "CPU budget": on 2 CPUs,
 trainers asking 1 CPU each otherwise starve Ray Data and the run hangs).

@@ -80,7 +80,7 @@ class TrainProgress:
     ``epoch`` is the epoch the checkpoint was taken in; ``epoch_complete``
     says whether it was taken at that epoch's end. Ray Data's consumption is
     at-least-once (ARCHITECTURE.md, "At-least-once consumption"), and which
-    batches a worker receives from ``streaming_split`` is not deterministic, so
+    batches a worker receives from the feed service is not deterministic, so
     the data position is recorded by content: ``trained_in_epoch`` holds the
     digests (``ingest.batching.packed_digest``) of every batch any worker
     trained in ``epoch`` so far; a run resumed mid-epoch skips exactly those

@@ -5,8 +5,10 @@ Each training worker consumes its datasets in a fixed order of *passes*::
     train epoch 0, eval epoch 0, train epoch 1, eval epoch 1, ...
 
 A :class:`ShardFeeder` thread walks that order ahead of the training loop,
-from the moment the worker starts (so the first epoch's pipeline warms up
-while the model is being built and sharded), and moves on to the next pass
+from the moment the worker starts (the job's feed service,
+:mod:`dlrm_platform.ingest.feed_service`, has been running the first passes
+since before the workers existed; the feeder takes this worker's share while
+the model is being built and sharded), and moves on to the next pass
 as soon as the current pass's source is exhausted (so the eval pipeline, and
 without a cache the next epoch's, start before the trainer gets there).
 
@@ -17,7 +19,7 @@ pipeline again (tf.data service's ephemeral data, Cachew's autocaching). The
 decision to replay is collective (:meth:`ShardFeeder.decide`, called from
 the training thread, which owns every collective): every worker replays, or
 every worker streams, since a worker that replays while another streams
-would let the streaming one take the whole dataset from ``streaming_split``.
+would let the streaming one take the whole pass from the feed service.
 A replay needs every worker's cache complete and the input files unchanged
 (:func:`input_fingerprint`). Each sample is delivered exactly once per pass
 either way.

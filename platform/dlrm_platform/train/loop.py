@@ -14,7 +14,8 @@
 Lockstep. With table-wise sharding every forward is a collective (the KJT
 and pooled-embedding all-to-alls), so all workers must take the same number
 of steps; yet every sample must be trained on exactly once per epoch, and the
-shards (``streaming_split(equal=False)``, see :mod:`.trainer`) differ in size.
+shares of a pass (the feed service hands each block to one worker, see
+:mod:`dlrm_platform.ingest.feed_service`) differ in size.
 Before each step the workers all-reduce ``[has_batch, num_samples]``: they stop
 when no worker has a batch, and a worker that is out of data runs a
 zero-weight step on a one-sample dummy batch. The same all-reduce gives the

@@ -22,7 +22,7 @@ Integration API (what the pipeline builder calls)
        handle = tuner.attach(job.tuner, job.ingest, ds.context, cpu_budget=budget.data)
 
    This installs the tuner on the dataset's ``DataContext`` (the callback and
-   backpressure policy travel with it to the SplitCoordinator under Ray Train,
+   backpressure policy travel with it to the process that executes it (the job's feed service actor),
    or run in the driver with a plain iterator), starts a small recorder actor,
    and returns a :class:`TunerHandle` (``None`` only when ``tuner_cfg`` is None).
    Call it on the *train* dataset's context only; every epoch re-binds.

@@ -2,8 +2,8 @@
 and the driver-side :class:`TunerHandle` that reads them back, plots them and
 logs them to MLflow.
 
-The controller runs wherever the dataset executes (the SplitCoordinator actor
-under Ray Train); it sends its records to the recorder actor, fire-and-forget,
+The controller runs wherever the dataset executes (the job's feed service
+actor, ``ingest/feed_service.py``); it sends its records to the recorder actor, fire-and-forget,
 once per interval. Train workers report their data-wait fraction to the same
 actor (:meth:`TunerHandle.reporter`), and the controller reads it back as part
 of its observation.

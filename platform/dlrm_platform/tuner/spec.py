@@ -2,7 +2,7 @@
 
 A :class:`TunerSpec` travels inside the Ray Data ``DataContext`` (as a dict in
 its key-value config) to wherever the pipeline executes: the driver for a plain
-iterator, the SplitCoordinator actor under Ray Train. It therefore holds only
+iterator, the job's feed service actor under a training job. It therefore holds only
 plain data, never Ray handles or config objects.
 """
 
