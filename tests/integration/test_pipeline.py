@@ -100,3 +100,18 @@ def test_cpu_budget_split_and_errors(tmp_path):
         cpu_budget(job, 1.0)
     with pytest.raises(UserError, match="num_cpus"):
         cpu_budget(_job(tmp_path, data_cpus=0.1), 2.0)
+
+
+def test_fused_pipeline_ships_each_planned_block_alone(ray_cluster, tmp_path):
+    # Ray Data merges a read task's blocks up to its target block size (128 MiB: a whole file);
+    # the job sets the target from a measured block, so the trainer gets blocks as they are made.
+    job = _job(tmp_path, block_rows=128)  # 2 batches of 64 per block
+    files = _write_shards(tmp_path, n_files=2, rows=1000, bad_labels=())
+    pds = build_job_datasets(job, files, files[:1], tmp_path / "q", fused_op=OperatorConfig(concurrency=2, num_cpus=0.5))
+    assert pds.block_bytes and "samples per block (~" in pds.describe()
+    import ray
+
+    rows = [ray.get(entry.ref).num_rows for bundle in pds.train.iter_internal_ref_bundles() for entry in bundle.blocks]
+    assert sum(rows) == 2 * 16  # 16 packed batches per file (15 full + 1 short)
+    assert len(rows) >= 2 * 1000 // 128, f"blocks of {rows} batches: merged, not one per planned block"
+    assert max(rows) <= 2

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
@@ -47,6 +48,7 @@ __all__ = [
     "FusedSessionDatasource",
     "fusion_enabled",
     "plan_blocks",
+    "probe_bytes_per_sample",
     "preprocess_flat",
     "preprocess_sessions",
 ]
@@ -156,6 +158,24 @@ def _row_group_ranges(path: str, max_rows: int) -> list[tuple[int, int, int]]:
         rows += n
     ranges.append((start, meta.num_row_groups - start, rows))
     return ranges
+
+
+def probe_bytes_per_sample(source: Datasource) -> float | None:
+    """Packed bytes per sample of ``source``'s first block, read and transformed in this process.
+
+    Ray Data merges the blocks a read task yields until they reach the context's
+    ``target_max_block_size`` (128 MiB by default: a whole file as one block, the
+    first batch only after the whole file is transformed). The job sets that
+    target from this measurement so each planned block travels on its own.
+    """
+    tasks = source.get_read_tasks(1)
+    if not tasks:
+        return None
+    first = next(iter(tasks[0]()), None)
+    if first is None or first.num_rows == 0:
+        return None
+    samples = int(pa.compute.sum(first.column("num_samples")).as_py() or 0)
+    return first.nbytes / samples if samples else None
 
 
 class FusedParquetDatasource(Datasource):
