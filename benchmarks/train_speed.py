@@ -656,14 +656,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from dlrm_platform.train.batches import unpack_batch
-    from dlrm_platform.train.perf import cpu_flags
+    from dlrm_platform.train.perf import cpu_flags, indexed_device
 
     for category in (FutureWarning, UserWarning, DeprecationWarning):
         warnings.filterwarnings("ignore", category=category)
     logging.getLogger("torchrec.distributed.planner").setLevel(logging.ERROR)
 
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = indexed_device(args.device)  # "cuda" -> "cuda:0": set_device rejects a device without an index
     if device.type == "cuda":
         torch.cuda.set_device(device)
     init_process_group(device)

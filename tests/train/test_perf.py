@@ -226,3 +226,12 @@ def test_fp32_islands_inside_the_bf16_forward(tiny_job, packed_batch) -> None:
     dtypes.clear()
     model(batch)  # no autocast: the hooks do nothing
     assert set(dtypes.values()) == {torch.float32}
+
+
+def test_indexed_device_gives_cuda_an_index_and_leaves_the_rest(monkeypatch):
+    from dlrm_platform.train.perf import indexed_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert indexed_device("cuda") == torch.device("cuda", 1)
+    assert indexed_device(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    assert indexed_device("cpu") == torch.device("cpu")

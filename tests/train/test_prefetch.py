@@ -151,3 +151,21 @@ def test_lockstep_without_read_ahead(tiny_job, packed_batch, gloo_group) -> None
     shard = FakeShard([packed_batch(n, seed=i) for i, n in enumerate([8, 5])])
     assert [s.num_samples for s in lockstep_batches(shard, job, CPU)] == [8, 5]
     assert shard.iterators[-1].threads == {threading.current_thread().name}
+
+
+def test_the_cuda_prefetch_thread_sets_a_device_with_an_index(monkeypatch) -> None:
+    # Ray Train's get_device() may hand over torch.device("cuda"); torch.cuda.set_device raises
+    # ValueError for a device without an index (found on an H100: the benchmark died before its first step).
+    seen = []
+
+    def set_device(device):
+        if isinstance(device, torch.device) and device.index is None:
+            raise ValueError("Expected a cuda device with a specified index or an integer, but got: cuda")
+        seen.append(device)
+
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    with BatchPrefetcher(iter([]), _unpack, torch.device("cuda"), depth=1) as prefetcher:
+        assert prefetcher.get() is None  # the thread ran, set its device and found no tables
+    assert seen == [torch.device("cuda", 3)]

@@ -26,6 +26,7 @@ from dlrm_platform.ingest.batching import packed_digest
 from dlrm_platform.ingest.dedup_batching import packed_batch_stats
 from dlrm_platform.train.dedup_model import batch_codec
 from dlrm_platform.train.feed import Decoded
+from dlrm_platform.train.perf import indexed_device
 
 __all__ = ["BatchPrefetcher", "Fetched", "StepBatch", "all_reduce_sum", "lockstep_batches"]
 
@@ -86,7 +87,7 @@ class BatchPrefetcher:
                  depth: int, limit: int | None = None) -> None:
         self._tables = tables
         self._unpack = unpack
-        self._device = device
+        self._device = indexed_device(device)  # the thread's set_device needs an index
         self._limit = limit
         self._read = 0
         self._done = False

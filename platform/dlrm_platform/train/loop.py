@@ -89,6 +89,7 @@ from dlrm_platform.train.perf import (
     ThreadPlan,
     apply_precision,
     configure_threads,
+    indexed_device,
     install_fp32_islands,
     plan_threads,
     ray_assigned_cpus,
@@ -418,7 +419,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     assigned = ray_assigned_cpus()
     threads = configure_threads(plan_threads(assigned if assigned is not None else job.train.cpus_per_worker,
                                              visible_cpus(), context.get_local_world_size()))
-    device = ray.train.torch.get_device() if job.train.use_gpu else torch.device("cpu")
+    device = indexed_device(ray.train.torch.get_device()) if job.train.use_gpu else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)  # nccl collectives and all_gather_object use the current device
     precision = resolve_precision(job, device)

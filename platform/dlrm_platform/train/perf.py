@@ -251,6 +251,19 @@ def apply_precision(precision: Precision, device: torch.device | str) -> None:
 # --------------------------------------------------------------------------- threads
 
 
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` with an explicit index: ``cuda`` becomes ``cuda:<current>``.
+
+    ``torch.cuda.set_device(torch.device("cuda"))`` raises ValueError (no
+    index); Ray Train's ``get_device()`` and a user's ``--device cuda`` can
+    both hand over that form. CPU devices come back unchanged.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or device.index is not None:
+        return device
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def visible_cpus() -> int:
     """CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
     try:
