@@ -121,3 +121,8 @@ def test_job_trains_every_sample_once_per_epoch_with_cache_on_and_off(ray_cluste
     assert summary.epoch_cache["train"]["state"] == ("complete" if mode == "auto" else "off")
     assert np.isfinite(summary.auc) and summary.auc > 0.6
     assert not list((tmp_path / "runs" / "epoch_cache").glob("**/*.arrow"))  # spills removed at the end
+    if workers > 1:  # per-step straggler wait at the lockstep collective, for coordinated reads
+        from mlflow.tracking import MlflowClient
+
+        history = MlflowClient(summary.mlflow_tracking_uri).get_metric_history(summary.mlflow_run_id, "straggler_wait_s")
+        assert len(history) >= summary.steps // 2 and all(m.value >= 0 for m in history)

@@ -53,6 +53,7 @@ class StepBatch:
     wait_s: float  # time until every worker had its batch
     stats: dict[str, float] = field(default_factory=dict)  # packed_batch_stats: batch_bytes, dedup_factor
     digest: str | None = None  # the packed batch's identity (ingest.batching.packed_digest); None for a dummy
+    straggler_s: float = 0.0  # of wait_s: after this worker's batch was ready, waiting for the others'
 
 
 class Fetched(NamedTuple):
@@ -220,9 +221,11 @@ def lockstep_batches(source: Any, job: JobConfig, device: torch.device,
             item = batches.get()
             batch, stats, digest = item if item is not None else (None, {}, None)
             n = 0 if batch is None else int(batch.labels.shape[0])
+            ready = time.perf_counter()
             flags = all_reduce_sum(torch.tensor([int(batch is not None), n], dtype=torch.int64))
             if int(flags[0]) == 0:
                 return
+            end = time.perf_counter()
             yield StepBatch(batch if batch is not None else dummy, n, int(flags[1]),
-                            time.perf_counter() - start, stats, digest)
+                            end - start, stats, digest, straggler_s=end - ready)
             steps += 1

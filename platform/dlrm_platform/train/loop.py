@@ -305,6 +305,8 @@ class Worker:
             run_metrics.DATA_WAIT_FRACTION: step.wait_s / max(step.wait_s + compute_s, 1e-9),
             run_metrics.STEPS_DONE: float(self.progress.global_step),
         }
+        if self.world_size > 1:
+            metrics[run_metrics.STRAGGLER_WAIT_S] = step.straggler_s
         if step.num_samples:
             metrics[run_metrics.LOSS] = loss_sum / step.num_samples
             metrics.update(step.stats)
