@@ -357,11 +357,39 @@ class TrackingConfig(StrictModel):
     )
 
 
+class PlacementConfig(StrictModel):
+    """Where a job's processes run on a multi-node cluster, named by Ray custom resources.
+
+    Nodes offer a custom resource (``ray start --resources='{"data_worker": 16}'``;
+    infra/kuberay's data and trainer groups declare ``data_worker`` and
+    ``trainer``); a process that asks for a sliver of it runs only on those
+    nodes. Unset (one machine): anywhere, with the CPUs split by the budget.
+    """
+
+    data_resource: str | None = Field(
+        default=None, min_length=1,
+        description="every Ray Data task asks a sliver of this resource: preprocessing runs only on the nodes "
+        "that offer it, and Ray Data's CPU budget is those nodes' CPUs",
+    )
+    trainer_resource: str | None = Field(
+        default=None, min_length=1,
+        description="every training worker asks a sliver of this resource: trainers run only on those nodes",
+    )
+
+    @model_validator(mode="after")
+    def _distinct(self) -> PlacementConfig:
+        if self.data_resource is not None and self.data_resource == self.trainer_resource:
+            raise ValueError("ray.placement.data_resource and trainer_resource must name different resources "
+                             f"(both are {self.data_resource!r})")
+        return self
+
+
 class RayClusterConfig(StrictModel):
     """How the entry point reaches Ray. ``address=None`` starts a local cluster."""
 
     address: str | None = None
     num_cpus: int | None = Field(default=None, ge=1, description="CPUs of a local cluster (default: all)")
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
 
 
 # --------------------------------------------------------------------------- job

@@ -148,7 +148,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     try:
         with ray_session(job.ray, verbose=verbose):
             _quiet_ray_data(verbose)
-            budget = cpu_budget(job, float(ray.cluster_resources().get("CPU", 0)))
+            budget = cpu_budget(job, float(ray.cluster_resources().get("CPU", 0)), ray.nodes())
             log.info("CPU budget: %s", budget.describe())
             client.log_param(run_id, "cpu_budget", budget.describe())
             datasets, tuner_handle = build_tuned_datasets(job, files, quarantine_dir, budget.data)

@@ -62,9 +62,54 @@ class CpuBudget:
         return f"{self.total:g} CPUs: {self.train:g} for training, {self.data:g} for data"
 
 
-def cpu_budget(job: JobConfig, cluster_cpus: float) -> CpuBudget:
-    """Split ``cluster_cpus``; raise a UserError naming the fields when they do not fit."""
+# A placed process asks this much of its node group's custom resource: enough to pin it there,
+# too little to ever limit how many run (a node offering 1 unit holds 1000 of them).
+RESOURCE_SLIVER = 0.001
+
+
+def data_remote_args(job: JobConfig) -> dict:
+    """Ray remote args every Ray Data task of ``job`` gets: its data nodes' resource (``ray.placement``)."""
+    resource = job.ray.placement.data_resource
+    return {"resources": {resource: RESOURCE_SLIVER}} if resource else {}
+
+
+def placed_data_cpus(job: JobConfig, nodes: list[dict]) -> float | None:
+    """CPUs of the alive nodes offering ``ray.placement.data_resource`` (None when unset).
+
+    ``nodes``: ``ray.nodes()``. Trainers that may land on the same nodes (no
+    ``trainer_resource``, or a node offering both) are taken off, so that data
+    operators never take the trainers' CPUs.
+    """
+    placement = job.ray.placement
+    if placement.data_resource is None:
+        return None
+    data_nodes = [n for n in nodes if n.get("Alive", True) and placement.data_resource in n.get("Resources", {})]
+    if not data_nodes:
+        raise UserError(
+            f"no alive Ray node offers the resource {placement.data_resource!r} (ray.placement.data_resource): "
+            f"start data nodes with ray start --resources='{{\"{placement.data_resource}\": 1}}' (infra/kuberay's "
+            "data group does), or unset ray.placement.data_resource"
+        )
+    cpus = sum(float(n["Resources"].get("CPU", 0)) for n in data_nodes)
+    shared = placement.trainer_resource is None or any(placement.trainer_resource in n["Resources"] for n in data_nodes)
+    return cpus - (job.train.num_workers * job.train.cpus_per_worker if shared else 0.0)
+
+
+def cpu_budget(job: JobConfig, cluster_cpus: float, nodes: list[dict] | None = None) -> CpuBudget:
+    """Split ``cluster_cpus``; raise a UserError naming the fields when they do not fit.
+
+    With ``ray.placement.data_resource`` (and ``nodes``, from ``ray.nodes()``),
+    Ray Data's share is the data nodes' CPUs (:func:`placed_data_cpus`).
+    """
     train = job.train.num_workers * job.train.cpus_per_worker
+    placed = placed_data_cpus(job, nodes) if nodes is not None else None
+    if placed is not None:
+        data = job.ingest.data_cpus if job.ingest.data_cpus is not None else placed
+        if data <= 0:
+            raise UserError(f"the data nodes (ray.placement.data_resource={job.ray.placement.data_resource!r}) have "
+                            f"no CPUs left after the trainers' {train:g}; add data nodes or set "
+                            "ray.placement.trainer_resource to keep trainers off them")
+        return CpuBudget(total=cluster_cpus, train=train, data=data)
     data = job.ingest.data_cpus if job.ingest.data_cpus is not None else cluster_cpus - train
     if data <= 0 or train + data > cluster_cpus + 1e-9:
         raise UserError(
@@ -88,7 +133,7 @@ def execution_options(budget: CpuBudget) -> ExecutionOptions:
 
 
 def _map_operator(ds: Dataset, fn: Callable, op: OperatorConfig, spec: TransformSpec,
-                  batch_size: int | None = None) -> Dataset:
+                  batch_size: int | None = None, remote_args: dict | None = None) -> Dataset:
     return ds.map_batches(
         fn,
         fn_kwargs={"spec": spec},
@@ -97,24 +142,31 @@ def _map_operator(ds: Dataset, fn: Callable, op: OperatorConfig, spec: Transform
         zero_copy_batch=True,
         compute=TaskPoolStrategy(size=op.concurrency),
         num_cpus=op.num_cpus,
+        **(remote_args or {}),
     )
 
 
-def build_dataset(files: list[str], spec: TransformSpec, ingest: IngestConfig) -> Dataset:
-    """The full pipeline over ``files``: a Dataset of packed batches, one row per training batch."""
+def build_dataset(files: list[str], spec: TransformSpec, ingest: IngestConfig,
+                  remote_args: dict | None = None) -> Dataset:
+    """The full pipeline over ``files``: a Dataset of packed batches, one row per training batch.
+
+    ``remote_args``: Ray remote args of every task (placement, :func:`data_remote_args`).
+    """
     ops = ingest.operators
     ds = ray.data.read_parquet(
         files,
         columns=spec.columns.columns,
         concurrency=ops.read.concurrency,
         num_cpus=ops.read.num_cpus,
+        ray_remote_args=remote_args or None,
     )
     for name, fn in _MAP_OPERATORS:
-        ds = _map_operator(ds, fn, getattr(ops, name), spec)
-    return _map_operator(ds, transforms.batch, ops.batch, spec, batch_size=ingest.batch_size)
+        ds = _map_operator(ds, fn, getattr(ops, name), spec, remote_args=remote_args)
+    return _map_operator(ds, transforms.batch, ops.batch, spec, batch_size=ingest.batch_size, remote_args=remote_args)
 
 
-def build_dedup_dataset(shards: list[tuple[str, str]], spec: TransformSpec, ingest: IngestConfig) -> Dataset:
+def build_dedup_dataset(shards: list[tuple[str, str]], spec: TransformSpec, ingest: IngestConfig,
+                        remote_args: dict | None = None) -> Dataset:
     """The dedup pipeline over shard pairs: a Dataset of packed IKJT batches, one row per batch.
 
     Same operator names as :func:`build_dataset` (``ReadSessionParquet``, then
@@ -128,12 +180,14 @@ def build_dedup_dataset(shards: list[tuple[str, str]], spec: TransformSpec, inge
         override_num_blocks=len(shards),
         concurrency=ops.read.concurrency,
         num_cpus=ops.read.num_cpus,
+        ray_remote_args=remote_args or None,
     )
     for name, fn in _DEDUP_MAP_OPERATORS:
-        ds = _map_operator(ds, fn, getattr(ops, name), spec, batch_size=None)
+        ds = _map_operator(ds, fn, getattr(ops, name), spec, batch_size=None, remote_args=remote_args)
     return ds.map_batches(dedup_operators.batch, fn_kwargs={"spec": spec, "batch_size": ingest.batch_size},
                           batch_format="pyarrow", batch_size=None, zero_copy_batch=True,
-                          compute=TaskPoolStrategy(size=ops.batch.concurrency), num_cpus=ops.batch.num_cpus)
+                          compute=TaskPoolStrategy(size=ops.batch.concurrency), num_cpus=ops.batch.num_cpus,
+                          **(remote_args or {}))
 
 
 @dataclass
@@ -185,7 +239,7 @@ def _import_operators(hold_s: float) -> int:
     return os.getpid()
 
 
-def warm_data_workers(count: int, hold_s: float = 1.0) -> list:
+def warm_data_workers(count: int, hold_s: float = 1.0, remote_args: dict | None = None) -> list:
     """Import the operators' modules in ``count`` idle Ray worker processes, without waiting.
 
     Ray Data runs its tasks in the job's pooled worker processes; the first task
@@ -195,7 +249,7 @@ def warm_data_workers(count: int, hold_s: float = 1.0) -> list:
     front of the first epoch's first block. Zero-CPU tasks: they reserve
     nothing the pipeline or the trainers need. Returns the task refs.
     """
-    task = ray.remote(num_cpus=0)(_import_operators)
+    task = ray.remote(num_cpus=0, **(remote_args or {}))(_import_operators)
     return [task.remote(hold_s) for _ in range(max(0, count))]
 
 
@@ -207,7 +261,7 @@ def _fused_source(files: list[str] | list[tuple[str, str]], spec: TransformSpec,
 
 def build_fused_dataset(files: list[str] | list[tuple[str, str]], spec: TransformSpec, ingest: IngestConfig,
                         op: OperatorConfig, block_rows: int, *, sessions: bool,
-                        block_bytes: int | None = None) -> Dataset:
+                        block_bytes: int | None = None, remote_args: dict | None = None) -> Dataset:
     """One fused read operator over flat files or (``sessions``) dedup shard pairs.
 
     ``block_bytes``: the packed size of one planned block; Ray Data then ships
@@ -216,8 +270,8 @@ def build_fused_dataset(files: list[str] | list[tuple[str, str]], spec: Transfor
     source = _fused_source(files, spec, ingest, block_rows, sessions)
     # One read task per file or pair (its blocks come out as they are transformed), never split further.
     tasks = max(1, len(source.get_read_tasks(1)))
-    ds = ray.data.read_datasource(source, override_num_blocks=tasks,
-                                  concurrency=min(op.concurrency, tasks), num_cpus=op.num_cpus)
+    ds = ray.data.read_datasource(source, override_num_blocks=tasks, concurrency=min(op.concurrency, tasks),
+                                  num_cpus=op.num_cpus, ray_remote_args=remote_args or None)
     if block_bytes:
         # Ray Data yields a block once its buffer exceeds the target, and slices blocks above 1.5x it:
         # 0.75 of a planned block yields every block alone and slices none within +-12% of the measurement.
@@ -249,6 +303,7 @@ def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[
     operators run fused as that one operator (:mod:`.fused`), else split.
     """
     spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine_dir)
+    remote_args = data_remote_args(job)  # ray.placement: every task on the data nodes
     sessions = job.dedup_enabled  # the one switch (config.JobConfig.dedup_enabled); the trainer's model follows it
     if sessions:
         train_src, eval_src = dedup_convert.dedup_job_shards(job, train_files, eval_files)
@@ -259,12 +314,13 @@ def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[
     if fused_op is not None:
         plan, block_bytes = _plan_fused_blocks(job, train_src or eval_src, spec, sessions)
         build = partial(build_fused_dataset, spec=spec, ingest=job.ingest, op=fused_op, block_rows=plan.rows,
-                        sessions=sessions, block_bytes=block_bytes)
+                        sessions=sessions, block_bytes=block_bytes, remote_args=remote_args)
         return PipelineDatasets(train=build(train_src), eval=build(eval_src), quarantine_dir=quarantine_dir,
                                 files=files, fused=True, block_rows=plan.rows, block_bytes=block_bytes)
     if sessions:
-        train, eval_ = (build_dedup_dataset(train_src, spec, job.ingest),
-                        build_dedup_dataset(eval_src, spec, job.ingest))
+        train, eval_ = (build_dedup_dataset(train_src, spec, job.ingest, remote_args),
+                        build_dedup_dataset(eval_src, spec, job.ingest, remote_args))
     else:
-        train, eval_ = build_dataset(train_src, spec, job.ingest), build_dataset(eval_src, spec, job.ingest)
+        train, eval_ = (build_dataset(train_src, spec, job.ingest, remote_args),
+                        build_dataset(eval_src, spec, job.ingest, remote_args))
     return PipelineDatasets(train=train, eval=eval_, quarantine_dir=quarantine_dir, files=files)

@@ -20,6 +20,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from dlrm_platform.config import JobConfig
 from dlrm_platform.ingest.feed_service import start_feed_service
+from dlrm_platform.ingest.pipeline import RESOURCE_SLIVER
 from dlrm_platform.train.loop import LoopConfig, train_loop_per_worker
 
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ def run_training(
         scaling_config=ScalingConfig(
             num_workers=train.num_workers,
             use_gpu=train.use_gpu,
-            resources_per_worker={"CPU": train.cpus_per_worker},  # + 1 GPU each with use_gpu
+            # + 1 GPU each with use_gpu; + a sliver of the trainer nodes' resource with ray.placement
+            resources_per_worker={"CPU": train.cpus_per_worker, **trainer_resources(job)},
         ),
         run_config=RunConfig(
             name=name,
@@ -128,6 +130,12 @@ def run_training(
     metrics = dict(result.metrics)
     metrics["feed_service"] = feed_passes
     return TrainingResult.from_metrics(metrics, checkpoint_path)
+
+
+def trainer_resources(job: JobConfig) -> dict[str, float]:
+    """What each training worker asks beyond CPUs: its nodes' resource (``ray.placement.trainer_resource``)."""
+    resource = job.ray.placement.trainer_resource
+    return {resource: RESOURCE_SLIVER} if resource else {}
 
 
 def _start_feed(job: JobConfig, datasets: dict[str, Dataset],

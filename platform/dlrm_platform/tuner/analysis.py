@@ -161,7 +161,7 @@ def run_job_config(path: str | Path, seconds: float, warmup_s: float = 8.0) -> P
         from ray.data import DataContext
 
         DataContext.get_current().enable_progress_bars = False
-        budget = cpu_budget(job, float(ray.cluster_resources().get("CPU", 0))).data
+        budget = cpu_budget(job, float(ray.cluster_resources().get("CPU", 0)), ray.nodes()).data
         plan = plan_job_pipelines(job, budget, TunerConfig(policy="static"))
         specs = plan.operators
         qdir = Path(job.tracking.runs_dir).resolve() / "quarantine" / "analyze"

@@ -19,7 +19,13 @@ from pathlib import Path
 
 from dlrm_platform.config import JobConfig, OperatorConfig, TunerConfig
 from dlrm_platform.ingest.fused import fusion_enabled
-from dlrm_platform.ingest.pipeline import PipelineDatasets, build_job_datasets, fused_operator, warm_data_workers
+from dlrm_platform.ingest.pipeline import (
+    PipelineDatasets,
+    build_job_datasets,
+    data_remote_args,
+    fused_operator,
+    warm_data_workers,
+)
 from dlrm_platform.tuner import OpSpec, attach, compute_strategies, operator_specs
 
 __all__ = ["JobPipelinePlan", "build_job_pipelines", "build_tuned_datasets", "plan_job_pipelines"]
@@ -57,7 +63,8 @@ def plan_job_pipelines(job: JobConfig, data_cpus: float, tuner_cfg: TunerConfig 
 def build_job_pipelines(plan: JobPipelinePlan, files, quarantine_dir: Path) -> PipelineDatasets:
     """The train and eval pipelines of ``plan`` (``files``: ``ingest.source`` split files)."""
     if plan.fused_op is not None:
-        warm_data_workers(plan.fused_op.concurrency + 1)  # the read tasks' processes import while the trainers start
+        # the read tasks' processes import while the trainers start (on the data nodes, with ray.placement)
+        warm_data_workers(plan.fused_op.concurrency + 1, remote_args=data_remote_args(plan.job))
     return build_job_datasets(plan.job, files.train, files.eval, quarantine_dir, fused_op=plan.fused_op)
 
 

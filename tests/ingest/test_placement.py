@@ -1,0 +1,59 @@
+"""``ray.placement``: the config, the remote args every data task gets, and the data nodes' CPU budget (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrm_platform.config import ConfigError, JobConfig, load_job_config
+from dlrm_platform.errors import UserError
+from dlrm_platform.ingest.pipeline import RESOURCE_SLIVER, cpu_budget, data_remote_args, placed_data_cpus
+from dlrm_platform.train.trainer import trainer_resources
+
+
+def _job(**placement) -> JobConfig:
+    return JobConfig.model_validate({
+        "data": {"path": "/tmp/x", "columns": {"label": "label", "item": {"dense": ["d"], "categorical": ["c"]}}},
+        "train": {"num_workers": 2, "cpus_per_worker": 1.0},
+        "ray": {"placement": placement},
+    })
+
+
+NODES = [
+    {"Alive": True, "Resources": {"CPU": 8.0, "trainer": 1.0, "GPU": 1.0}},
+    {"Alive": True, "Resources": {"CPU": 16.0, "data_worker": 16.0}},
+    {"Alive": True, "Resources": {"CPU": 16.0, "data_worker": 16.0}},
+    {"Alive": False, "Resources": {"CPU": 16.0, "data_worker": 16.0}},  # a dead node counts for nothing
+]
+
+
+def test_unplaced_jobs_run_anywhere_with_the_budget_split():
+    job = _job()
+    assert data_remote_args(job) == {} and trainer_resources(job) == {}
+    assert placed_data_cpus(job, NODES) is None
+    assert cpu_budget(job, 4.0, NODES).data == 2.0  # today's behaviour: the cluster minus the trainers
+
+
+def test_placed_jobs_ask_a_sliver_of_their_node_groups_resources():
+    job = _job(data_resource="data_worker", trainer_resource="trainer")
+    assert data_remote_args(job) == {"resources": {"data_worker": RESOURCE_SLIVER}}
+    assert trainer_resources(job) == {"trainer": RESOURCE_SLIVER}
+    budget = cpu_budget(job, 56.0, NODES)
+    assert (budget.train, budget.data) == (2.0, 32.0)  # the two alive data nodes, trainers elsewhere
+
+
+def test_trainers_that_may_share_the_data_nodes_come_off_their_budget():
+    assert placed_data_cpus(_job(data_resource="data_worker"), NODES) == 30.0
+
+
+def test_no_node_with_the_data_resource_says_how_to_start_one():
+    with pytest.raises(UserError, match=r"ray start --resources='\{\"data_nodes\": 1\}'"):
+        cpu_budget(_job(data_resource="data_nodes"), 56.0, NODES)
+
+
+def test_placement_resources_must_differ_and_be_named(tmp_path):
+    with pytest.raises(Exception, match="must name different resources"):
+        _job(data_resource="x", trainer_resource="x")
+    config = tmp_path / "job.yaml"
+    config.write_text("data: {path: /tmp/x, columns: {item: {dense: [d]}}}\nray: {placement: {data_nodes: cpu}}\n")
+    with pytest.raises(ConfigError, match="ray.placement.data_nodes"):
+        load_job_config(config, [])
