@@ -120,7 +120,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     from mlflow.tracking import MlflowClient
 
     from dlrm_platform import mlflow_run
-    from dlrm_platform.ingest.pipeline import cpu_budget, execution_options
+    from dlrm_platform.ingest.pipeline import cluster_cpu_budget, execution_options
     from dlrm_platform.ingest.source import validate_dataset
     from dlrm_platform.ingest.transforms import count_quarantined
     from dlrm_platform.train.checkpoint import check_checkpoint_storage, estimate_checkpoint_bytes
@@ -148,7 +148,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     try:
         with ray_session(job.ray, verbose=verbose):
             _quiet_ray_data(verbose)
-            budget = cpu_budget(job, float(ray.cluster_resources().get("CPU", 0)), ray.nodes())
+            budget = cluster_cpu_budget(job)
             log.info("CPU budget: %s", budget.describe())
             client.log_param(run_id, "cpu_budget", budget.describe())
             datasets, tuner_handle = build_tuned_datasets(job, files, quarantine_dir, budget.data)

@@ -33,7 +33,7 @@ def test_analyze_builds_what_run_builds(monkeypatch: pytest.MonkeyPatch, tmp_pat
         raise Built
 
     monkeypatch.setattr(job_pipelines, "build_job_datasets", build)
-    monkeypatch.setattr(job_pipelines, "warm_data_workers", lambda count: [])
+    monkeypatch.setattr(job_pipelines, "warm_data_workers", lambda count, **kw: [])
     monkeypatch.setattr(ray_cluster, "ray_session", lambda cfg, **kw: contextlib.nullcontext())
     monkeypatch.setattr(source, "validate_dataset", lambda data: SimpleNamespace(train=["t.parquet"], eval=["e.parquet"]))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})

@@ -127,6 +127,12 @@ def cpu_budget(job: JobConfig, cluster_cpus: float, nodes: list[dict] | None = N
     return CpuBudget(total=cluster_cpus, train=train, data=data)
 
 
+def cluster_cpu_budget(job: JobConfig) -> CpuBudget:
+    """:func:`cpu_budget` on the connected Ray cluster (its node list only when ``ray.placement`` needs it)."""
+    nodes = ray.nodes() if job.ray.placement.data_resource else None
+    return cpu_budget(job, float(ray.cluster_resources().get("CPU", 0)), nodes)
+
+
 def execution_options(budget: CpuBudget) -> ExecutionOptions:
     """Ray Data execution options that keep the pipeline inside its CPU budget."""
     return ExecutionOptions(resource_limits=ExecutionResources(cpu=budget.data))

@@ -150,7 +150,7 @@ def run_job_config(path: str | Path, seconds: float, warmup_s: float = 8.0) -> P
     import ray
 
     from dlrm_platform.config import TunerConfig, load_job_config
-    from dlrm_platform.ingest.pipeline import cpu_budget
+    from dlrm_platform.ingest.pipeline import cluster_cpu_budget
     from dlrm_platform.ingest.source import validate_dataset
     from dlrm_platform.ray_cluster import ray_session
     from dlrm_platform.tuner.job_pipelines import build_job_pipelines, plan_job_pipelines
@@ -161,7 +161,7 @@ def run_job_config(path: str | Path, seconds: float, warmup_s: float = 8.0) -> P
         from ray.data import DataContext
 
         DataContext.get_current().enable_progress_bars = False
-        budget = cpu_budget(job, float(ray.cluster_resources().get("CPU", 0)), ray.nodes()).data
+        budget = cluster_cpu_budget(job).data
         plan = plan_job_pipelines(job, budget, TunerConfig(policy="static"))
         specs = plan.operators
         qdir = Path(job.tracking.runs_dir).resolve() / "quarantine" / "analyze"
