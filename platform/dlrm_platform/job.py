@@ -116,7 +116,6 @@ def open_hint(tracking_uri: str) -> str:
 
 def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool = False) -> JobSummary:
     """Run ``job`` end to end and return its summary."""
-    import ray
     from mlflow.tracking import MlflowClient
 
     from dlrm_platform import mlflow_run
