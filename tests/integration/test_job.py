@@ -39,6 +39,8 @@ def small_job(tmp_path_factory):
             "ingest.batch_size=256",
             "train.epochs=2",
             "train.log_every_steps=5",
+            # The feed service runs this tiny pass in 1-2 s: tick often enough that the tuner records some.
+            "tuner.interval_s=0.2",
         ],
     )
     generate_dataset(job.data, progress=False)

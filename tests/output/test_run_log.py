@@ -44,12 +44,12 @@ def test_run_log_routes_and_restores(tmp_path):
         logging.getLogger("fbgemm_gpu").info("[TBE=abc] config")
         logging.getLogger("ray.some_module").warning("Token authentication is enabled")
         logging.getLogger("dlrm_platform.ingest").warning("skipping 1 shard")
-        logging.getLogger("torch").error("it broke")
+        logging.getLogger("some.library").error("it broke")
         warnings.warn("is_fx_tracing will return true", UserWarning, stacklevel=1)
     assert run_log.path.parent == (tmp_path / "runs" / "logs").resolve() and run_log.path.name.startswith("my_job-")
     assert out.getvalue().splitlines() == ["data checked: 4 files",
                                            f"run log: {run_log.path}  (everything not shown here; -v shows it)"]
-    assert err.getvalue() == "WARNING dlrm_platform.ingest: skipping 1 shard\nERROR torch: it broke\n"
+    assert err.getvalue() == "WARNING dlrm_platform.ingest: skipping 1 shard\nERROR some.library: it broke\n"
     text = run_log.path.read_text()
     for marker in ("data checked", "[TBE=abc]", "Token authentication", "skipping 1 shard", "it broke", "is_fx_tracing"):
         assert marker in text
