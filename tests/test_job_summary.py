@@ -1,8 +1,9 @@
-"""The job summary's one-line descriptions (no Ray: the summary is plain data)."""
+"""The job summary: its one-line descriptions, where the run's log is, the run's page on an MLflow server
+(no Ray: the summary is plain data)."""
 
 from __future__ import annotations
 
-from dlrm_platform.job import describe_feed
+from dlrm_platform.job import JobSummary, describe_feed
 
 
 def _pass(name="train", epoch=0, rows=141, first_block_s=2.0, produced_s=3.0, first_open_s=10.0):
@@ -24,3 +25,22 @@ def test_feed_line_says_when_the_trainers_waited():
 def test_feed_line_without_passes():
     assert describe_feed({}) == "-"
     assert "epoch 3: 141 batches" in describe_feed({"passes": [_pass(epoch=3, produced_s=None)]})
+
+
+def _summary(**extra) -> JobSummary:
+    return JobSummary(job="demo", samples_per_s=1000.0, data_wait_fraction=0.1, auc=0.8, logloss=0.4, steps=10,
+                      samples=10_000, train_time_s=10.0, wall_time_s=20.0, rows_quarantined=0, mlflow_run_id="abc",
+                      mlflow_tracking_uri="sqlite:////x/runs/mlflow.db", checkpoint_path=None, **extra)
+
+
+def test_summary_names_the_run_log_relative_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = _summary(log_file=str(tmp_path / "runs" / "logs" / "demo-1.log")).render()
+    assert "  run log             runs/logs/demo-1.log" in text.splitlines()
+    assert "open it: make ui" in text
+
+
+def test_summary_without_a_log_file_and_with_a_run_page():
+    text = _summary(mlflow_run_url="http://mlflow:5000/#/experiments/2/runs/abc").render()
+    assert "run log" not in text
+    assert text.splitlines()[-1] == "  open it: http://mlflow:5000/#/experiments/2/runs/abc"

@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dlrm-platform",
         description="Train DLRM recommendation models on Ray: ingestion, training, tuning, job service.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, and everything else on the terminal too: `run` otherwise keeps "
+                             "library, Ray and worker output in the run's log file")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         try:

@@ -5,11 +5,16 @@
 Every step fails early with a message that says what to fix: a bad config or
 dataset is reported before Ray starts, and the MLflow run is marked FAILED
 (or KILLED on Ctrl-C) when anything after it breaks.
+
+What the terminal shows (:mod:`dlrm_platform.output`): a line as each stage
+starts (logger ``dlrm_platform.stage``), a bar per epoch, the tuner's decisions
+and the summary; everything else goes to the run's log file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import shutil
@@ -18,14 +23,17 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dlrm_platform.config import JobConfig, load_job_config
 from dlrm_platform.errors import UserError
+from dlrm_platform.output.run_log import PROGRESS_LOGGER, STAGE_LOGGER, RunLog, open_run_log, shown_path
 from dlrm_platform.paths import enforce_job_paths
 from dlrm_platform.ray_cluster import ray_session
 from dlrm_platform.redact import redact_text
 
 log = logging.getLogger("dlrm_platform.job")
+stage = logging.getLogger(STAGE_LOGGER)
 
 
 @dataclass
@@ -50,6 +58,8 @@ class JobSummary:
     epochs: list[dict] = field(default_factory=list)  # per epoch: data_wait_fraction, first_batch_latency_s, source
     epoch_cache: dict = field(default_factory=dict)  # rank 0's caches: state, batches, MB in memory / on disk
     feed: dict = field(default_factory=dict)  # the feed service's passes (ingest/feed_service.py)
+    log_file: str | None = None  # the run's log (`dlrm-platform run`): everything the terminal did not show
+    mlflow_run_url: str | None = None  # the run's page when the tracking store is an MLflow server
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -73,10 +83,10 @@ class JobSummary:
                 + (" ..." if len(self.bad_shards) > 5 else "") + ")" if self.bad_shards else "")),
             ("wall time", f"{self.wall_time_s:.1f} s"),
             ("MLflow run", self.mlflow_run_id),
-        ]
+        ] + ([("run log", shown_path(self.log_file))] if self.log_file else [])
         width = max(len(k) for k, _ in rows)
         lines = [f"== {self.job}: done =="] + [f"  {k.ljust(width)}  {v}" for k, v in rows]
-        lines.append(f"  open it: {open_hint(self.mlflow_tracking_uri)}")
+        lines.append(f"  open it: {self.mlflow_run_url or open_hint(self.mlflow_tracking_uri)}")
         return "\n".join(lines)
 
 
@@ -114,8 +124,13 @@ def open_hint(tracking_uri: str) -> str:
     return "make ui  (or: dlrm-platform ui), then http://127.0.0.1:5000"
 
 
-def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool = False) -> JobSummary:
-    """Run ``job`` end to end and return its summary."""
+def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool = False,
+            run_log: RunLog | None = None) -> JobSummary:
+    """Run ``job`` end to end and return its summary.
+
+    ``run_log`` (the CLI's): progress is drawn on its terminal and the summary names its file;
+    without it (tests, notebooks) no progress is shown.
+    """
     from mlflow.tracking import MlflowClient
 
     from dlrm_platform import mlflow_run
@@ -129,13 +144,17 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     started = time.time()
     enforce_job_paths(job)  # under the job service: every path inside its data/output roots (dlrm_platform.paths)
     files = validate_dataset(job.data)
-    log.info("dataset %s: %d train files, %d eval files", job.data.path, len(files.train), len(files.eval))
+    stage.info("data checked: %s: %s (%s rows) for training, %s (%s rows) for evaluation", job.data.path,
+               _count(len(files.train), "file"), f"{files.train_rows:,}", _count(len(files.eval), "file"),
+               f"{files.eval_rows:,}")
     if files.bad_shards:
         log.warning("data.on_bad_shard: skip: training without %d unreadable shard(s): %s", len(files.bad_shards),
                     ", ".join(str(b.path) for b in files.bad_shards))
     # Before Ray or MLflow: checkpoints must be writable where they go, with room for them.
     check_checkpoint_storage(job.train.storage_path or str(job.tracking.runs_dir.resolve() / "ray_results"),
                              need_bytes=estimate_checkpoint_bytes(job))
+    if run_log is not None:
+        run_log.keep()  # the job passed its checks: from here on it leaves a log file
 
     tracking_uri = mlflow_run.resolve_tracking_uri(job.tracking)
     run_id = mlflow_run.start_job_run(job, tracking_uri, config_source=config_source, run_id=job.tracking.run_id)
@@ -151,18 +170,23 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             log.info("CPU budget: %s", budget.describe())
             client.log_param(run_id, "cpu_budget", budget.describe())
             datasets, tuner_handle = build_tuned_datasets(job, files, quarantine_dir, budget.data)
+            stage.info("pipeline built: %s; tuner: %s", datasets.describe(), job.tuner.policy)
             try:
                 client.log_param(run_id, "pipeline", datasets.describe())
-                result = run_training(
-                    job,
-                    datasets.as_dict(),
-                    mlflow_run_id=run_id,
-                    tracking_uri=tracking_uri,
-                    storage_path=job.train.storage_path or str(runs_dir / "ray_results"),
-                    execution_options=execution_options(budget),
-                    dataset_files=datasets.files,
-                    cache_dir=str(job.ingest.cache.spill_dir or runs_dir / "epoch_cache"),
-                )
+                stage.info("trainers starting: %s x %g CPU%s (%g CPU for data), %s",
+                           _count(job.train.num_workers, "worker"), job.train.cpus_per_worker,
+                           " + 1 GPU" if job.train.use_gpu else "", budget.data, _count(job.train.epochs, "epoch"))
+                with _live_progress(job, run_id, run_log, files.train_rows, tuner_handle):
+                    result = run_training(
+                        job,
+                        datasets.as_dict(),
+                        mlflow_run_id=run_id,
+                        tracking_uri=tracking_uri,
+                        storage_path=job.train.storage_path or str(runs_dir / "ray_results"),
+                        execution_options=execution_options(budget),
+                        dataset_files=datasets.files,
+                        cache_dir=str(job.ingest.cache.spill_dir or runs_dir / "epoch_cache"),
+                    )
             finally:
                 _log_tuner(tuner_handle, client, run_id)
         quarantined = count_quarantined(quarantine_dir) if quarantine_dir.exists() else {}
@@ -185,11 +209,14 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             epochs=list((result.metrics or {}).get("epochs", [])),
             epoch_cache=dict(((result.metrics or {}).get("feed") or {}).get("caches", {})),
             feed=dict((result.metrics or {}).get("feed_service") or {}),
+            log_file=str(run_log.path) if run_log is not None else None,
+            mlflow_run_url=_run_url(tracking_uri, run_id, client),
         )
         _log_summary(client, run_id, summary, quarantined)
         if job.tracking.log_model:  # the pyfunc model a user loads for inference (train/export.py)
             from dlrm_platform.train.export import log_job_model
 
+            stage.info("model export: the last checkpoint as an MLflow pyfunc model")
             log_job_model(client, run_id, job, summary.checkpoint_path, example_files=files.eval or files.train)
         status = "FINISHED"
         return summary
@@ -198,6 +225,34 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
         raise
     finally:
         client.set_terminated(run_id, status=status)
+
+
+def _run_url(tracking_uri: str, run_id: str, client: Any) -> str | None:
+    from dlrm_platform import mlflow_run
+
+    url = mlflow_run.run_url(tracking_uri, run_id, client.get_run(run_id).info.experiment_id)
+    return redact_text(url) if url else None
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _live_progress(job: JobConfig, run_id: str, run_log: RunLog | None, train_rows: int,
+                   tuner_handle: Any) -> contextlib.AbstractContextManager:
+    """Rank 0's progress drawn on the run's terminal (a bar, or plain lines when it is not a TTY)."""
+    from dlrm_platform.output.progress import live_progress
+    from dlrm_platform.output.progress_view import make_view
+
+    view = None
+    if run_log is not None:
+        view = make_view(run_log.terminal, logging.getLogger(PROGRESS_LOGGER).info)
+    expected = train_rows
+    if job.train.max_steps_per_epoch is not None:
+        expected = min(expected, job.train.max_steps_per_epoch * job.ingest.batch_size * job.train.num_workers)
+    # Decisions are printed as the tuner makes them; `static` makes none and `ray_default` only observes.
+    shows_decisions = tuner_handle is not None and job.tuner.policy not in ("static", "ray_default")
+    return live_progress(run_id, view, expected_samples=expected, tuner=tuner_handle if shows_decisions else None)
 
 
 def _log_tuner(handle, client, run_id: str) -> None:
@@ -253,7 +308,17 @@ def _log_summary(client, run_id: str, summary: JobSummary, quarantined: dict[str
 def _cmd_run(args: argparse.Namespace) -> int:
     job = load_job_config(args.config, args.set)
     print(f"== {job.name}: {args.config} ==", flush=True)
-    summary = run_job(job, config_source=str(args.config), verbose=args.verbose)
+    with open_run_log(job.name, job.tracking.runs_dir, verbose=args.verbose) as run_log:
+        try:
+            summary = run_job(job, config_source=str(args.config), verbose=args.verbose, run_log=run_log)
+        except (UserError, KeyboardInterrupt):
+            raise
+        except Exception as err:  # the message once, with the worker's traceback when a worker failed
+            log.info("the job failed; the driver's traceback:", exc_info=True)
+            log.error("the job failed: %s: %s", type(err).__name__, err)
+            if run_log.started:
+                stage.info("job failed; the run log has everything: %s", shown_path(run_log.path))
+            return 1
     print(summary.render(), flush=True)
     if args.summary_json:
         path = Path(args.summary_json)

@@ -12,6 +12,7 @@ from dlrm_platform.config import RayClusterConfig
 __all__ = ["ray_session"]
 
 log = logging.getLogger("dlrm_platform.job")  # the messages of the commands that use it
+stage = logging.getLogger("dlrm_platform.stage")  # a run's stage lines (dlrm_platform.output.run_log)
 
 
 @contextlib.contextmanager
@@ -31,6 +32,8 @@ def ray_session(cfg: RayClusterConfig, *, verbose: bool = False) -> Iterator[Non
         log.info("starting a local Ray cluster (%s CPUs)", cfg.num_cpus or "all")
         # address="local": never attach to some other Ray instance found on this machine.
         ray.init(address="local", num_cpus=cfg.num_cpus, **kwargs)
+    stage.info("Ray %s, %g CPUs", f"joined: {address}" if address else "started: local cluster",
+               ray.cluster_resources().get("CPU", 0))
     try:
         yield
     finally:

@@ -97,6 +97,8 @@ from dlrm_platform.train.perf import (
     visible_cpus,
 )
 from dlrm_platform.train.mlflow_logger import Tracker, make_tracker
+from dlrm_platform.output.progress import ProgressSink
+from dlrm_platform.output.worker_logs import configure_worker_logging
 
 __all__ = [
     "FAULT_FILE_ENV",
@@ -220,6 +222,7 @@ class Worker:
     precision: Precision | None = None  # None: resolved from job.train.precision and the device
     threads: ThreadPlan | None = None  # as configured by train_loop_per_worker (reported, not applied here)
     epoch_log: list[dict[str, Any]] = field(default_factory=list)  # per epoch of this run: data wait, source
+    live: ProgressSink = field(default_factory=ProgressSink)  # rank 0's progress to the driver's terminal
 
     def __post_init__(self) -> None:
         if self.precision is None:
@@ -262,6 +265,7 @@ class Worker:
             p.step_in_epoch = p.samples_in_epoch = 0
             p.trained_in_epoch = []
         p.epoch, p.epoch_complete = epoch, False
+        self.live.epoch_started(epoch, p.samples_in_epoch)
         trained = list(p.trained_in_epoch)  # this worker's, plus every worker's up to the last checkpoint
         steps_left = None if train.max_steps_per_epoch is None else max(0, train.max_steps_per_epoch - p.step_in_epoch)
         for step in lockstep_batches(shard, self.job, self.device, steps_left):
@@ -288,7 +292,9 @@ class Worker:
         epoch_stats.wall_s += self._accumulate(unsaved, time.perf_counter() - unsaved_start)
         self.progress.trained_in_epoch = []  # the whole epoch is trained: its end checkpoint needs no position
         self.tracker.flush()
-        return epoch_stats.all_reduced()
+        total = epoch_stats.all_reduced()
+        self.live.epoch_finished(epoch, total.samples, total.wall_s, total.data_wait_fraction, total.loss)
+        return total
 
     def _accumulate(self, stats: EpochStats, elapsed_s: float) -> float:
         """Fold a stretch of steps (summed over workers) into ``progress``; returns ``elapsed_s``."""
@@ -319,12 +325,15 @@ class Worker:
             log.info("epoch %d step %d: loss %.4f, %.0f samples/s, data-wait %.3f",
                      epoch, self.progress.step_in_epoch, total.loss, total.samples / max(elapsed_s, 1e-9),
                      total.data_wait_fraction)
+            self.live.window(epoch, self.progress.samples_in_epoch, total.samples / max(elapsed_s, 1e-9),
+                             total.data_wait_fraction, total.loss)
 
     # ----------------------------------------------------------------- evaluation
 
     @torch.no_grad()
     def evaluate(self, shard: Any) -> tuple[float, float, int]:
         """(AUC, logloss, samples) over the whole eval shard of every worker."""
+        self.live.evaluating(self.progress.epoch)
         self.model.eval()
         logits, labels = [], []
         for step in lockstep_batches(shard, self.job, self.device):
@@ -380,6 +389,7 @@ class Worker:
                     f"cannot persist checkpoint {name} into {storage}/{name} (train.storage_path): "
                     f"{type(err).__name__}: {err}"
                 ) from err
+        self.live.checkpointed(p.epoch, name, end_of_epoch=p.epoch_complete, auc=p.eval_auc, logloss=p.eval_logloss)
 
     def restore(self, path: str) -> None:
         self.progress = load_checkpoint(path, self.model, self.dense_optimizer)
@@ -389,6 +399,8 @@ class Worker:
             )
             log.info("restored %s: epoch %d, global step %d%s", path, self.progress.epoch,
                      self.progress.global_step, replay)
+        p = self.progress
+        self.live.restored(path, p.epoch, p.global_step, p.samples_in_epoch if not p.epoch_complete else 0)
 
 
 @contextlib.contextmanager
@@ -417,7 +429,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     job = loop.job
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    configure_worker_logging()  # "LEVEL logger: message", so the driver can tell warnings from the rest
     assigned = ray_assigned_cpus()
     threads = configure_threads(plan_threads(assigned if assigned is not None else job.train.cpus_per_worker,
                                              visible_cpus(), context.get_local_world_size()))
@@ -434,7 +446,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         model = build_job_model(job, device)  # the dedup DLRM when ingest.dedup is on
         worker = Worker(job, model, build_dense_optimizer(model, job.train), device, rank, world_size,
                         make_tracker(loop.tracking_uri, loop.mlflow_run_id, rank), precision=precision,
-                        threads=threads)
+                        threads=threads, live=ProgressSink(loop.mlflow_run_id, rank))
         if path:
             worker.restore(path)
         _train_epochs(worker, feeder, loop.has_eval, threads, precision)
