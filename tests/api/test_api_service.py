@@ -145,7 +145,7 @@ def test_progress_reads_the_metrics_the_worker_logs_without_the_loss_history(tmp
     uri = init_backend_store(tmp_path / "mlflow" / "mlflow.db", tmp_path / "mlflow" / "artifacts")
     reader = MlflowTracker(uri)
     run_id, _ = reader.create_run("progress", "run", {})
-    worker = SimpleNamespace(progress=SimpleNamespace(global_step=0), tracker=JobTracker(uri, run_id))
+    worker = SimpleNamespace(progress=SimpleNamespace(global_step=0), tracker=JobTracker(uri, run_id), world_size=1)
     for step in range(1, 8):
         worker.progress.global_step = step
         Worker._log_step(worker, StepBatch(batch=None, num_samples=4, global_samples=8, wait_s=0.25),

@@ -193,17 +193,17 @@ def _library_loggers_propagate() -> Iterator[None]:
         logger = logging.getLogger(name)
         consoles = [h for h in logger.handlers
                     if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
-        saved.append((logger, consoles, logger.propagate))
+        saved.append((logger, logger.handlers[:], consoles, logger.propagate))
         for h in consoles:
             logger.removeHandler(h)
         logger.propagate = True
     try:
         yield
     finally:
-        for logger, consoles, propagate in saved:
-            for h in consoles:
-                if h not in logger.handlers:
-                    logger.addHandler(h)
+        for logger, before, consoles, propagate in saved:
+            # As they were, in their order; keep any handler added during the run (not a console set aside).
+            added = [h for h in logger.handlers if h not in before and h not in consoles]
+            logger.handlers[:] = before + added
             logger.propagate = propagate
 
 
