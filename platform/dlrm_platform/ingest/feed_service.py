@@ -125,7 +125,6 @@ class FeedService:
         self._lock = threading.Condition()
         self._passes: dict[PassKey, _Pass] = {}
         self._generations: dict[PassKey, int] = {}
-        self._t0 = time.perf_counter()
         self._ahead = [(str(n), int(e)) for n, e in ahead if n in self._datasets]
         if self._ahead:
             threading.Thread(target=self._run_ahead, name="feed-ahead", daemon=True).start()
@@ -207,9 +206,6 @@ class FeedService:
         """Every pass run so far (latest generation), for the run's summary."""
         with self._lock:
             return {"passes": [p.describe() for p in self._passes.values()]}
-
-    def ping(self) -> bool:
-        return True
 
     # ----------------------------------------------------------------- producers
 

@@ -67,6 +67,10 @@ class CpuBudget:
 RESOURCE_SLIVER = 0.001
 
 
+def _train_cpus(job: JobConfig) -> float:
+    return job.train.num_workers * job.train.cpus_per_worker
+
+
 def data_remote_args(job: JobConfig) -> dict:
     """Ray remote args every Ray Data task of ``job`` gets: its data nodes' resource (``ray.placement``)."""
     resource = job.ray.placement.data_resource
@@ -92,7 +96,7 @@ def placed_data_cpus(job: JobConfig, nodes: list[dict]) -> float | None:
         )
     cpus = sum(float(n["Resources"].get("CPU", 0)) for n in data_nodes)
     shared = placement.trainer_resource is None or any(placement.trainer_resource in n["Resources"] for n in data_nodes)
-    return cpus - (job.train.num_workers * job.train.cpus_per_worker if shared else 0.0)
+    return cpus - (_train_cpus(job) if shared else 0.0)
 
 
 def cpu_budget(job: JobConfig, cluster_cpus: float, nodes: list[dict] | None = None) -> CpuBudget:
@@ -101,7 +105,7 @@ def cpu_budget(job: JobConfig, cluster_cpus: float, nodes: list[dict] | None = N
     With ``ray.placement.data_resource`` (and ``nodes``, from ``ray.nodes()``),
     Ray Data's share is the data nodes' CPUs (:func:`placed_data_cpus`).
     """
-    train = job.train.num_workers * job.train.cpus_per_worker
+    train = _train_cpus(job)
     placed = placed_data_cpus(job, nodes) if nodes is not None else None
     if placed is not None:
         data = job.ingest.data_cpus if job.ingest.data_cpus is not None else placed

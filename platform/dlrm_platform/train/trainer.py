@@ -147,9 +147,9 @@ def _start_feed(job: JobConfig, datasets: dict[str, Dataset],
             ds.context.execution_options = options
         if ds.name is None:
             ds.set_name(name)
-    first_epoch = 0 if job.train.resume_from is None else None  # resuming: the workers say where from
-    ahead = [(n, first_epoch) for n in ("train", "eval") if n in datasets] if (
-        job.ingest.read_ahead and first_epoch is not None) else []
+    # Epoch 0's passes, in the order the workers read them; resuming, the workers say where from.
+    ahead = [(n, 0) for n in ("train", "eval") if n in datasets] if (
+        job.ingest.read_ahead and job.train.resume_from is None) else []
     return start_feed_service(datasets, consumers=job.train.num_workers, ahead=ahead)
 
 
