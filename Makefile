@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(if $(filter 1,$(GPU)),gpu,cpu)
 CONFIG ?= configs/demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-unit test-integration fuzz ui serve bench bench-api clean
+.PHONY: install demo test test-unit test-integration fuzz chaos ui serve bench bench-api clean
 
 install: $(STAMP)
 
@@ -34,6 +34,13 @@ test-integration: $(STAMP)
 FUZZ_TESTS := tests/ingest/test_fuzz_criteo.py tests/ingest/test_fuzz_parquet.py tests/test_config_fuzz.py
 fuzz: $(STAMP)
 	$(PY) -m pytest $(FUZZ_TESTS) --hypothesis-profile=chaos $(PYTEST_ARGS)
+
+# Faults from outside into real jobs with more seeds, bad input at full strength, and the counts.
+CHAOS_SEEDS ?= 7,11,23
+chaos: $(STAMP)
+	DLRM_CHAOS_SEEDS=$(CHAOS_SEEDS) $(PY) -m pytest tests/chaos $(PYTEST_ARGS)
+	$(PY) -m pytest $(FUZZ_TESTS) --hypothesis-profile=chaos $(PYTEST_ARGS)
+	$(PY) benchmarks/chaos.py --seeds $(CHAOS_SEEDS) --json runs/chaos.json
 
 ui: $(STAMP)
 	$(CLI) ui

@@ -295,6 +295,7 @@ class TrainConfig(StrictModel):
     sharding: Literal["auto", "table_wise", "data_parallel", "column_wise", "table_column_wise"] = "auto"
     log_every_steps: int = Field(20, ge=1)
     checkpoint_every_steps: int | None = Field(default=None, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on storage (the newest)")
     max_failures: int = Field(1, ge=0, description="worker failures Ray Train recovers from")
     seed: int = 0
     # Set by the job service (dlrm_platform.api) so that a retried job resumes:

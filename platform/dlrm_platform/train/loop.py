@@ -54,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -101,7 +100,6 @@ from dlrm_platform.output.progress import ProgressSink
 from dlrm_platform.output.worker_logs import configure_worker_logging
 
 __all__ = [
-    "FAULT_FILE_ENV",
     "EpochStats",
     "LoopConfig",
     "Worker",
@@ -113,7 +111,6 @@ log = logging.getLogger("dlrm_platform.train")
 # Test hook, independent of the job config: when this env var names a file
 # holding {"epoch": E, "step": S, "rank": R}, worker R deletes the file and
 # raises after step S of epoch E. Deleting first makes it fire once.
-FAULT_FILE_ENV = "DLRM_PLATFORM_FAULT_FILE"
 
 
 @dataclass(frozen=True)
@@ -194,15 +191,6 @@ class EpochStats:
         return self.wait_s / total if total > 0 else 0.0
 
 
-def _maybe_inject_fault(epoch: int, step_in_epoch: int, rank: int) -> None:
-    path = os.environ.get(FAULT_FILE_ENV)
-    if not path or not os.path.exists(path):
-        return
-    spec = json.loads(Path(path).read_text())
-    if (spec.get("epoch", 0), spec.get("step"), spec.get("rank", 0)) == (epoch, step_in_epoch, rank):
-        os.remove(path)
-        raise RuntimeError(f"injected fault at epoch {epoch} step {step_in_epoch} on rank {rank}")
-
 
 # --------------------------------------------------------------------------- the worker
 
@@ -266,7 +254,8 @@ class Worker:
             p.trained_in_epoch = []
         p.epoch, p.epoch_complete = epoch, False
         self.live.epoch_started(epoch, p.samples_in_epoch)
-        trained = list(p.trained_in_epoch)  # this worker's, plus every worker's up to the last checkpoint
+        before = list(p.trained_in_epoch)  # every worker's batches up to the checkpoint this run resumed from
+        trained: list[str] = []  # this worker's since
         steps_left = None if train.max_steps_per_epoch is None else max(0, train.max_steps_per_epoch - p.step_in_epoch)
         for step in lockstep_batches(shard, self.job, self.device, steps_left):
             start = time.perf_counter()
@@ -280,17 +269,18 @@ class Worker:
             for stats in (epoch_stats, unsaved, window):
                 stats.add(step.num_samples, loss_sum, step.wait_s, compute_s)
             self._log_step(step, loss_sum, compute_s)
-            _maybe_inject_fault(epoch, self.progress.step_in_epoch, self.rank)
             if self.progress.step_in_epoch % train.log_every_steps == 0:
                 self._log_window(epoch, window, time.perf_counter() - window_start)
                 window, window_start = EpochStats(), time.perf_counter()
             if train.checkpoint_every_steps and self.progress.global_step % train.checkpoint_every_steps == 0:
                 epoch_stats.wall_s += self._accumulate(unsaved, time.perf_counter() - unsaved_start)
-                self.progress.trained_in_epoch = _all_gather_union(trained)
+                self.progress.trained_in_epoch = _all_gather_union(before + trained)
                 self.checkpoint({"epoch": epoch, **self.summary()})
                 unsaved, unsaved_start = EpochStats(), time.perf_counter()
         epoch_stats.wall_s += self._accumulate(unsaved, time.perf_counter() - unsaved_start)
-        self.progress.trained_in_epoch = []  # the whole epoch is trained: its end checkpoint needs no position
+        # The epoch's end checkpoint needs no position; it keeps what the epoch trained, every worker's batches
+        # in one list (a batch trained twice would appear twice), so that exactly-once can be checked from outside.
+        self.progress.trained_in_epoch = before + _all_gather_concat(trained)
         self.tracker.flush()
         total = epoch_stats.all_reduced()
         self.live.epoch_finished(epoch, total.samples, total.wall_s, total.data_wait_fraction, total.loss)
@@ -449,7 +439,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                         threads=threads, live=ProgressSink(loop.mlflow_run_id, rank))
         if path:
             worker.restore(path)
-        _train_epochs(worker, feeder, loop.has_eval, threads, precision)
+        try:
+            _train_epochs(worker, feeder, loop.has_eval, threads, precision)
+        finally:  # what an MLflow outage kept buffered goes out now, or is reported lost
+            worker.tracker.close()
 
 
 def _start_feeder(loop: LoopConfig, rank: int, checkpoint_path: str | None) -> ShardFeeder:
@@ -490,6 +483,15 @@ def _all_gather_union(digests: list[str]) -> list[str]:
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, digests)
     return sorted({d for part in parts for d in part})
+
+
+def _all_gather_concat(digests: list[str]) -> list[str]:
+    """Every worker's ``digests``, concatenated in rank order (a collective); duplicates kept."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return list(digests)
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, digests)
+    return [d for part in parts for d in part]
 
 
 def _all_reduce_min(vote: int) -> int:

@@ -113,7 +113,7 @@ def run_training(
             name=name,
             storage_path=storage_path,
             failure_config=FailureConfig(max_failures=train.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=2),
+            checkpoint_config=CheckpointConfig(num_to_keep=train.keep_checkpoints),
         ),
         # No ``datasets``: the workers read from the feed service (see ingest/feed_service.py for why).
     )

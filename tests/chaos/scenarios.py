@@ -1,0 +1,277 @@
+"""Chaos scenarios: a real training job on a local Ray cluster, a fault from outside, an exact count after.
+
+Each scenario trains the platform's DLRM through ``run_training`` (feed service,
+Ray Train workers, checkpoints) on packed batches built here, injects one fault
+with :mod:`faults` at a point its seeded :class:`~faults.FaultSchedule` picks,
+and returns an :class:`Outcome`: whether the job completed, and, from the
+epoch-end checkpoints (which list every batch each epoch trained, see
+``train.checkpoint.TrainProgress``), how many samples of each epoch were never
+trained or trained twice. ``tests/chaos`` asserts on them; ``benchmarks/chaos.py``
+counts them. The caller provides the Ray cluster (``ray.init``).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dlrm_platform.config import JobConfig
+from dlrm_platform.ingest.batching import pack_table, packed_digest
+from dlrm_platform.train.checkpoint import read_progress
+
+from faults import FaultSchedule, kill, processes, wait_for
+
+HASH_SIZE = 200
+BATCH = 64
+COLUMNS = {
+    "label": "label",
+    "user": {"dense": ["ud0", "ud1"], "categorical": ["uc"], "multi_hot": ["hist"]},
+    "item": {"dense": ["id0"], "categorical": ["ic"]},
+}
+PACE_S = 0.04  # per batch in the data stage: a job of a few seconds, so that faults land mid-epoch
+
+
+@dataclass
+class Outcome:
+    """What one scenario saw (the keys of ``benchmarks/chaos.py``'s report)."""
+
+    name: str
+    faults_injected: int = 0
+    completed: bool = False
+    samples_lost: int = 0
+    samples_duplicated: int = 0
+    crashed: bool = False
+    error: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def survived(self) -> bool:
+        return self.completed and not self.crashed and self.samples_lost == 0 and self.samples_duplicated == 0
+
+
+def packed_batches(n: int, seed: int) -> list[pa.Table]:
+    """``n`` packed batches of ``BATCH`` samples, labels learnable from the item id; distinct contents."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        ic = rng.integers(0, HASH_SIZE, BATCH)
+        p = 1 / (1 + np.exp(-(np.where(ic % 2 == 0, 2.0, -2.0))))
+        table = pa.table({
+            "label": (rng.random(BATCH) < p).astype(np.float32),
+            "ud0": rng.random(BATCH).astype(np.float32), "ud1": rng.random(BATCH).astype(np.float32),
+            "id0": rng.random(BATCH).astype(np.float32), "uc": rng.integers(0, HASH_SIZE, BATCH),
+            "hist": pa.array([rng.integers(0, HASH_SIZE, rng.integers(0, 6)).tolist() for _ in range(BATCH)],
+                             pa.list_(pa.int64())),
+            "ic": ic,
+        })
+        out.append(pack_table(table, ["ud0", "ud1", "id0"], ["uc", "hist", "ic"], ["hist"], "label"))
+    return out
+
+
+def _paced(batch: pa.Table) -> pa.Table:
+    time.sleep(PACE_S * batch.num_rows)  # one packed batch per row: the data stage's work, simulated
+    return batch
+
+
+def datasets(train: list[pa.Table], eval_: list[pa.Table]) -> dict[str, Any]:
+    """Train and eval datasets: one block per batch, through one Ray Data task stage (``MapBatches(_paced)``)."""
+    import ray.cloudpickle
+    import ray.data
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray Data workers cannot import tests/
+    return {"train": ray.data.from_arrow(train).map_batches(_paced, batch_size=None, batch_format="pyarrow"),
+            "eval": ray.data.from_arrow(eval_)}
+
+
+def job(root: Path, **train: Any) -> JobConfig:
+    return JobConfig.model_validate({
+        "name": "chaos",
+        "data": {"path": str(root), "columns": COLUMNS},
+        "ingest": {"batch_size": BATCH, "hash_size": HASH_SIZE, "prefetch_batches": 1,
+                   "cache": {"mode": "off"}},  # every epoch runs the data stage, so every epoch can lose a task
+        "train": {"num_workers": 2, "cpus_per_worker": 0.5, "epochs": 2, "embedding_dim": 8,
+                  "bottom_mlp": [16, 8], "top_mlp": [16, 1], "log_every_steps": 3,
+                  "checkpoint_every_steps": 3, "keep_checkpoints": 100, "max_failures": 2, **train},
+    })
+
+
+def exactly_once(storage: Path, batches: list[pa.Table], epochs: int) -> tuple[int, int, list[int]]:
+    """(samples lost, samples trained twice, epochs checked) from every epoch's end checkpoint under ``storage``."""
+    size = {packed_digest(b): int(b.column("num_samples")[0].as_py()) for b in batches}
+    want = Counter(size.keys())
+    lost = dup = 0
+    checked = []
+    for epoch in range(epochs):
+        ends = sorted(storage.glob(f"*/checkpoint_e{epoch:03d}_s*_end"))
+        if not ends:
+            lost += sum(size.values())  # the epoch never finished
+            continue
+        got = Counter(read_progress(ends[-1]).trained_in_epoch)
+        lost += sum(size[d] for d in want - got)
+        dup += sum(size.get(d, BATCH) * n for d, n in (got - want).items())
+        checked.append(epoch)
+    return lost, dup, checked
+
+
+def _latest_step(storage: Path) -> int:
+    steps = [int(p.name.split("_s")[1].split("_")[0]) for p in storage.glob("*/checkpoint_e*_s*")]
+    return max(steps, default=0)
+
+
+def _train_in_background(job_cfg: JobConfig, data: dict[str, Any], storage: Path,
+                         **kw: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    from dlrm_platform.train.trainer import run_training
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = run_training(job_cfg, data, storage_path=str(storage), **{
+                "mlflow_run_id": None, "tracking_uri": None, **kw})
+        except BaseException as err:  # noqa: BLE001 - reported in the outcome
+            box["error"] = err
+
+    thread = threading.Thread(target=run, name="chaos-train", daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _finish(out: Outcome, thread: threading.Thread, box: dict[str, Any], storage: Path,
+            batches: list[pa.Table], epochs: int, timeout_s: float = 600) -> Outcome:
+    thread.join(timeout_s)
+    if thread.is_alive():
+        out.error = f"the job did not finish within {timeout_s:.0f} s"
+        return out
+    if "error" in box:
+        out.crashed, out.error = True, f"{type(box['error']).__name__}: {box['error']}"
+        return out
+    out.completed = True
+    out.samples_lost, out.samples_duplicated, checked = exactly_once(storage, batches, epochs)
+    result = box["result"]
+    out.details.update(epochs_checked=checked, samples=result.samples, start_epoch=result.start_epoch)
+    return out
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def train_worker_kill(root: Path, seed: int, batches: int = 40) -> Outcome:
+    """SIGKILL one Ray Train worker after a checkpoint at a seeded step: the group resumes from the checkpoint
+    with the data position, and every epoch still trains every batch exactly once."""
+    sched = FaultSchedule(seed)
+    train, eval_ = packed_batches(batches, seed), packed_batches(4, seed + 1)
+    storage = root / "ray"
+    cfg = job(root)
+    steps = cfg.train.epochs * batches // cfg.train.num_workers
+    target = sched.pick(cfg.train.checkpoint_every_steps + 1, steps - 2 * cfg.train.checkpoint_every_steps)
+    thread, box = _train_in_background(cfg, datasets(train, eval_), storage)
+    out = Outcome("train_worker_kill")
+    try:
+        wait_for(f"a checkpoint at global step >= {target}",
+                 lambda: _latest_step(storage) >= target or not thread.is_alive(), 300)
+        workers = processes("ray::RayTrainWorker")
+        if thread.is_alive() and workers:
+            pid = sched.choice(workers)
+            if kill(pid):
+                sched.record("kill_train_worker", pid=pid, after_checkpoint_step=_latest_step(storage))
+    finally:
+        out = _finish(out, thread, box, storage, train, cfg.train.epochs)
+    out.faults_injected = len(sched.injected)
+    out.details.update(schedule=sched.injected, target_step=target)
+    return out
+
+
+def data_worker_kill(root: Path, seed: int, batches: int = 40) -> Outcome:
+    """SIGKILL the process running a Ray Data task mid-epoch: the pass still hands every batch to exactly
+    one trainer (Ray retries the task, or the trainers resume from their checkpoint)."""
+    sched = FaultSchedule(seed)
+    train, eval_ = packed_batches(batches, seed), packed_batches(4, seed + 1)
+    storage = root / "ray"
+    cfg = job(root)
+    steps = cfg.train.epochs * batches // cfg.train.num_workers
+    target = sched.pick(2, steps - 6)
+    thread, box = _train_in_background(cfg, datasets(train, eval_), storage)
+    out = Outcome("data_worker_kill")
+    try:
+        wait_for(f"a checkpoint at global step >= {target}",
+                 lambda: _latest_step(storage) >= target or not thread.is_alive(), 300)
+        tasks = wait_for("a running Ray Data task", lambda: processes("ray::MapBatches(_paced)")
+                         or not thread.is_alive(), 60, 0.01)
+        if thread.is_alive() and isinstance(tasks, list):
+            pid = sched.choice(tasks)
+            if kill(pid):
+                sched.record("kill_data_worker", pid=pid, after_checkpoint_step=_latest_step(storage))
+    finally:
+        out = _finish(out, thread, box, storage, train, cfg.train.epochs)
+    out.faults_injected = len(sched.injected)
+    out.details.update(schedule=sched.injected, target_step=target)
+    return out
+
+
+def mlflow_outage(root: Path, seed: int, batches: int = 60, outage_s: float = 4.0) -> Outcome:
+    """Stop the MLflow server (SIGKILL, its whole process group) mid-run and start it again ``outage_s`` later:
+    training goes on meanwhile, and every step's metrics reach the run exactly once."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    from dlrm_platform.api.devstack import free_port, stop_process
+    from dlrm_platform.api.mlflow_links import start_server
+
+    sched = FaultSchedule(seed)
+    train, eval_ = packed_batches(batches, seed), packed_batches(4, seed + 1)
+    storage = root / "ray"
+    port = free_port()
+    server = start_server(root / "mlflow", port=port)
+    uri = f"http://127.0.0.1:{port}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("chaos")).info.run_id
+    cfg = job(root, num_workers=1, cpus_per_worker=1.0, epochs=1)
+    target = sched.pick(3, batches // 3)
+    thread, box = _train_in_background(cfg, datasets(train, eval_), storage, mlflow_run_id=run_id, tracking_uri=uri)
+    out = Outcome("mlflow_outage")
+    down_at = up_at = 0.0
+    try:
+        def steps_logged() -> int:
+            try:
+                return int(client.get_run(run_id).data.metrics.get("steps_done", 0))
+            except Exception:  # noqa: BLE001
+                return 0
+
+        wait_for(f"step {target} in MLflow", lambda: steps_logged() >= target or not thread.is_alive(), 300)
+        if thread.is_alive():
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+            down_at = time.time()
+            sched.record("stop_mlflow_server", pid=server.pid, at_step=target)
+            time.sleep(outage_s)
+            server = start_server(root / "mlflow", port=port)
+            up_at = time.time()
+    finally:
+        out = _finish(out, thread, box, storage, train, cfg.train.epochs)
+        try:
+            if out.completed:
+                history = client.get_metric_history(run_id, "loss")
+                steps = Counter(m.step for m in history)
+                expected = set(range(1, box["result"].steps + 1))
+                missing = expected - set(steps)
+                out.details.update(loss_points=len(history), missing_steps=sorted(missing)[:20],
+                                   duplicated_steps=sorted(s for s, n in steps.items() if n > 1)[:20],
+                                   # steps the worker logged while the server was down: training went on
+                                   steps_during_outage=sum(1 for m in history if down_at * 1000 <= m.timestamp
+                                                           <= up_at * 1000))
+                out.details["metrics_complete"] = not missing and not out.details["duplicated_steps"]
+        finally:
+            stop_process(server)
+    out.faults_injected = len(sched.injected)
+    out.details.update(schedule=sched.injected, target_step=target)
+    return out
