@@ -206,9 +206,9 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             checkpoint_path=result.checkpoint_path,
             bad_shards=[b.describe() for b in files.bad_shards],
             pipeline=datasets.describe(),
-            epochs=list((result.metrics or {}).get("epochs", [])),
-            epoch_cache=dict(((result.metrics or {}).get("feed") or {}).get("caches", {})),
-            feed=dict((result.metrics or {}).get("feed_service") or {}),
+            epochs=[e.model_dump() for e in result.epochs],
+            epoch_cache=dict(result.feed.get("caches", {})),
+            feed=dict(result.feed_service),
             log_file=str(run_log.path) if run_log is not None else None,
             mlflow_run_url=_run_url(tracking_uri, run_id, client),
         )
