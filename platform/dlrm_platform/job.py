@@ -168,6 +168,8 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             _quiet_ray_data(verbose)
             budget = cluster_cpu_budget(job)
             log.info("CPU budget: %s", budget.describe())
+            if run_log is not None:
+                run_log.advise_when_starved(starved_cpu_advice(job, budget))
             client.log_param(run_id, "cpu_budget", budget.describe())
             datasets, tuner_handle = build_tuned_datasets(job, files, quarantine_dir, budget.data)
             stage.info("pipeline built: %s; tuner: %s", datasets.describe(), job.tuner.policy)
@@ -225,6 +227,15 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
         raise
     finally:
         client.set_terminated(run_id, status=status)
+
+
+def starved_cpu_advice(job: JobConfig, budget: Any) -> str:
+    """What to do when Ray Data cannot get CPUs (shown once on the terminal): the job's demand and the cluster's CPUs."""
+    workers = job.train.num_workers
+    return (f"the job asks {budget.train + budget.data:g} CPUs ({_count(workers, 'trainer')} x "
+            f"{job.train.cpus_per_worker:g} CPU, {budget.data:g} for data), the cluster has {budget.total:g} and "
+            "other work may hold some; lower train.num_workers or train.cpus_per_worker (fractions are fine) or "
+            "ingest.data_cpus, or add nodes")
 
 
 def _run_url(tracking_uri: str, run_id: str, client: Any) -> str | None:
