@@ -8,6 +8,7 @@ import yaml
 from dlrm_platform.config import (
     ConfigError,
     JobConfig,
+    TrainConfig,
     apply_overrides,
     load_job_config,
     revalidate,
@@ -127,3 +128,25 @@ def test_dedup_default_follows_session_key():
     assert job.dedup_enabled is True
     job = load_job_config(REPO / "configs" / "criteo_kaggle.yaml", ["ingest.dedup=null"])
     assert job.dedup_enabled is False
+
+
+def test_revalidate_rejects_objects_that_skipped_validation():
+    """What crosses a Ray boundary is re-validated on arrival: a model built or changed past validation is refused."""
+    job = load_job_config(REPO / "configs" / "demo.yaml")
+    bad = job.model_copy(update={"train": job.train.model_copy(update={"epochs": 0})})  # no validation
+    with pytest.raises(ConfigError, match=r"JobConfig received across a Ray boundary: train\.epochs"):
+        revalidate(bad)
+    with pytest.raises(ConfigError, match=r"TrainConfig received across a Ray boundary: epochs"):
+        revalidate(TrainConfig.model_construct(epochs="many"))
+    with pytest.raises(TypeError, match="pydantic"):
+        revalidate(job.model_dump())  # a dict (or a JSON string) is not a typed crossing
+
+
+def test_revalidate_checks_pydantic_dataclasses():
+    from dlrm_platform.tuner.spec import OpSpec, TunerSpec
+
+    spec = TunerSpec("t", "static", 4.0, [OpSpec("a", 1.0)])
+    assert revalidate(spec) == spec
+    spec.cpu_budget = -1.0  # dataclass fields are not validated on assignment
+    with pytest.raises(ConfigError, match="cpu_budget must be positive"):
+        revalidate(spec)

@@ -3,19 +3,33 @@
 One pydantic model per stage (data, ingest, train, tuner, tracking), composed
 into :class:`JobConfig`. Every model forbids unknown keys. YAML is read only by
 :func:`load_job_config`, called from entry points; everything below an entry
-point receives the typed objects. Objects that cross a Ray boundary are
-re-validated on the far side with ``Model.model_validate(obj.model_dump())``
-(see :func:`revalidate`).
+point receives the typed objects.
+
+Crossing a Ray boundary: one way, everywhere. The sender passes the typed
+object itself (a pydantic model, or a pydantic dataclass where positional
+construction matters); Ray pickles it. The receiving side's entry point (a
+remote function, a read task, an actor's method, the Ray Train loop, a Ray Data
+callback) calls :func:`revalidate` on it before anything else, so an object
+built with ``model_construct``, mutated past validation, or unpickled from a
+different version is rejected there with an error naming the field. No config
+travels as JSON strings or as dicts indexed by string keys. Where Ray itself
+demands a dict (Ray Train's ``train_loop_config``), the dict holds the typed
+object under one key. The same rule holds for results travelling back: the
+worker reports one typed model and the driver validates it
+(``train.result.TrainReport``).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic.dataclasses import is_pydantic_dataclass
 
 from dlrm_platform.errors import UserError
 
@@ -428,10 +442,10 @@ class JobConfig(StrictModel):
 
 # --------------------------------------------------------------------------- loading
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M")  # a pydantic model or pydantic dataclass
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
+def format_validation_error(err: ValidationError, source: str, headline: str = "invalid job config") -> str:
     """One line per problem: ``source: field.path: message``."""
     lines = []
     for e in err.errors():
@@ -443,7 +457,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
             got = repr(e["input"])
             msg = f"{msg} (got {got if len(got) <= 200 else got[:200] + '...'})"
         lines.append(f"{source}: {loc}: {msg}")
-    return "invalid job config:\n  " + "\n  ".join(lines)
+    return f"{headline}:\n  " + "\n  ".join(lines)
 
 
 # What YAML parsing raises on bad input: YAMLError, ValueError (an integer of more than 4300 digits),
@@ -521,6 +535,25 @@ def load_job_config(path: str | Path, overrides: dict[str, Any] | list[str] | No
     return parse_job_config(raw, str(path), overrides)
 
 
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
 def revalidate(model: M) -> M:
-    """Re-validate a config object received across a Ray boundary."""
-    return type(model).model_validate(model.model_dump(mode="python"))
+    """Re-validate a typed object received across a Ray boundary; return the validated copy.
+
+    ``model``: a pydantic model or pydantic dataclass. Raises :class:`ConfigError`
+    (one line per problem, naming the field) when it does not validate, and
+    TypeError when it is not a typed object at all (a dict or a JSON string).
+    """
+    cls = type(model)
+    try:
+        if isinstance(model, BaseModel):
+            return cls.model_validate(model.model_dump(mode="python", warnings=False))
+        if is_pydantic_dataclass(cls):
+            return _adapter(cls).validate_python(dataclasses.asdict(model))
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, f"{cls.__name__} received across a Ray boundary",
+                                                  headline=f"invalid {cls.__name__}")) from None
+    raise TypeError(f"expected a pydantic model or pydantic dataclass across the Ray boundary, got {cls.__name__}")

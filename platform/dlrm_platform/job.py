@@ -168,6 +168,8 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             _quiet_ray_data(verbose)
             budget = cluster_cpu_budget(job)
             log.info("CPU budget: %s", budget.describe())
+            if run_log is not None:
+                run_log.advise_when_starved(starved_cpu_advice(job, budget))
             client.log_param(run_id, "cpu_budget", budget.describe())
             datasets, tuner_handle = build_tuned_datasets(job, files, quarantine_dir, budget.data)
             stage.info("pipeline built: %s; tuner: %s", datasets.describe(), job.tuner.policy)
@@ -206,9 +208,9 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             checkpoint_path=result.checkpoint_path,
             bad_shards=[b.describe() for b in files.bad_shards],
             pipeline=datasets.describe(),
-            epochs=list((result.metrics or {}).get("epochs", [])),
-            epoch_cache=dict(((result.metrics or {}).get("feed") or {}).get("caches", {})),
-            feed=dict((result.metrics or {}).get("feed_service") or {}),
+            epochs=[e.model_dump() for e in result.epochs],
+            epoch_cache=dict(result.feed.get("caches", {})),
+            feed=dict(result.feed_service),
             log_file=str(run_log.path) if run_log is not None else None,
             mlflow_run_url=_run_url(tracking_uri, run_id, client),
         )
@@ -225,6 +227,15 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
         raise
     finally:
         client.set_terminated(run_id, status=status)
+
+
+def starved_cpu_advice(job: JobConfig, budget: Any) -> str:
+    """What to do when Ray Data cannot get CPUs (shown once on the terminal): the job's demand and the cluster's CPUs."""
+    workers = job.train.num_workers
+    return (f"the job asks {budget.train + budget.data:g} CPUs ({_count(workers, 'trainer')} x "
+            f"{job.train.cpus_per_worker:g} CPU, {budget.data:g} for data), the cluster has {budget.total:g} and "
+            "other work may hold some; lower train.num_workers or train.cpus_per_worker (fractions are fine) or "
+            "ingest.data_cpus, or add nodes")
 
 
 def _run_url(tracking_uri: str, run_id: str, client: Any) -> str | None:

@@ -325,3 +325,28 @@ def test_local_converter_writes_co_partitioned_shards(tmp_path):
         assert set(skeys) == ukeys
         total += len(skeys)
     assert total == flat.num_rows
+
+
+def test_session_read_task_rejects_a_malformed_schema_naming_the_field(tmp_path):
+    """The schema crosses into the read task as the typed object and is re-validated there (config.revalidate)."""
+    import pickle
+
+    import cloudpickle
+
+    from dlrm_platform.config import ConfigError, SideColumns
+
+    keyed, _ = dedup_convert._with_session_keys(_flat(num_sessions=5), "sid")
+    users, samples, _ = dedup_convert.convert_table(keyed, COLUMNS)
+    up, sp = dedup_storage.write_shard(users, samples, tmp_path / "ds", "part-00000", "sid")
+    good = dedup_sessions.SessionParquetDatasource([(str(up), str(sp))], COLUMNS, None)
+    (task,) = good.get_read_tasks(1)
+    shipped = pickle.loads(cloudpickle.dumps(task))  # as Ray ships it
+    assert sum(b.num_rows for b in shipped()) > 0
+    # Built past validation (model_construct): a string where the list of categorical columns goes.
+    bad_item = SideColumns.model_construct(dense=["idn"], categorical="ic", multi_hot=[])
+    bad = COLUMNS.model_copy(update={"item": bad_item})
+    (task,) = dedup_sessions.SessionParquetDatasource([(str(up), str(sp))], bad, None).get_read_tasks(1)
+    with pytest.raises(ConfigError, match=r"item\.categorical"):
+        list(pickle.loads(cloudpickle.dumps(task))())
+    with pytest.raises(ConfigError, match=r"item\.categorical"):  # the converter's task too
+        dedup_convert._convert_block(keyed, bad, str(tmp_path / "out"), 100)

@@ -161,5 +161,5 @@ def test_bf16_with_read_ahead_learns_on_one_and_two_workers(ray_train_cluster, t
                           storage_path=str(tmp_path / "ray"))
     _check_result(result, epochs=2)
     assert result.auc > 0.7, result
-    assert result.metrics["precision"] == "bf16"
-    assert result.metrics["intra_op_threads"] == 1  # 0.5 CPU each: one thread, never 0, never all cores
+    assert result.precision == "bf16"
+    assert result.intra_op_threads == 1  # 0.5 CPU each: one thread, never 0, never all cores

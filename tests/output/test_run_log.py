@@ -60,3 +60,45 @@ def test_a_run_refused_up_front_leaves_no_file(tmp_path):
     with open_run_log("job", tmp_path / "runs", terminal=Terminal(io.StringIO(), io.StringIO())) as run_log:
         logging.getLogger("dlrm_platform.job").info("checking the dataset")
     assert not run_log.started and not (tmp_path / "runs").exists()
+
+
+def test_starved_cpus_get_one_line_on_the_terminal_saying_what_to_do(tmp_path):
+    """Ray Data's "Cluster resources are not enough" stays in the file; the terminal gets one actionable line."""
+    out, err = io.StringIO(), io.StringIO()
+    starved = ("Cluster resources are not enough to run any task from MapBatches(parse). "
+               "The job may hang forever unless the cluster scales up.")
+    with open_run_log("job", tmp_path / "runs", terminal=Terminal(out, err)) as run_log:
+        run_log.keep()
+        run_log.advise_when_starved("the job asks 3 CPUs (2 trainers x 1 CPU, 1 for data), the cluster has 2; "
+                                    "lower train.cpus_per_worker, or add nodes")
+        logging.getLogger("ray.data._internal.execution.resource_manager").warning(starved)
+        # the same, forwarded from the feed service actor, and a later execution's
+        logging.getLogger("workers").warning("(FeedService pid=7) 2026-11-23 08:00:00,000\tWARNING "
+                                             "resource_manager.py:818 -- %s", starved, extra={"origin": ""})
+        logging.getLogger("ray.data").warning(starved)
+    lines = err.getvalue().splitlines()
+    assert lines == ["WARNING the data pipeline is waiting for CPUs it cannot get: the job asks 3 CPUs (2 trainers x "
+                     "1 CPU, 1 for data), the cluster has 2; lower train.cpus_per_worker, or add nodes"]
+    assert "Cluster resources" not in out.getvalue()
+    assert run_log.path.read_text().count("Cluster resources are not enough") == 3
+
+
+def test_the_starved_cpu_line_without_the_jobs_figures_still_says_what_to_do(tmp_path):
+    err = io.StringIO()
+    with open_run_log("job", tmp_path / "runs", terminal=Terminal(io.StringIO(), err)):
+        logging.getLogger("ray.data").warning("Dataset execution made no progress for at least 600s ...")
+    assert err.getvalue().count("\n") == 1 and "lower train.num_workers or train.cpus_per_worker" in err.getvalue()
+
+
+def test_starved_cpu_advice_names_the_jobs_demand_and_the_cluster():
+    from dlrm_platform.config import JobConfig
+    from dlrm_platform.ingest.pipeline import CpuBudget
+    from dlrm_platform.job import starved_cpu_advice
+
+    job = JobConfig.model_validate({
+        "data": {"path": "/d", "columns": {"user": {"dense": ["a"], "categorical": ["b"]}}},
+        "train": {"num_workers": 2, "cpus_per_worker": 0.5},
+    })
+    advice = starved_cpu_advice(job, CpuBudget(total=2.0, train=1.0, data=1.0))
+    assert advice.startswith("the job asks 2 CPUs (2 trainers x 0.5 CPU, 1 for data), the cluster has 2")
+    assert "train.cpus_per_worker" in advice and "add nodes" in advice

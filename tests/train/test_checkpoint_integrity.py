@@ -183,7 +183,7 @@ def test_failed_upload_to_storage_names_the_path(tiny_job, gloo_group, monkeypat
     monkeypatch.setattr(ray.train, "report", report)
     monkeypatch.setattr(ray.train, "get_context", lambda: types.SimpleNamespace(get_storage=lambda: storage))
     with pytest.raises(CheckpointWriteError, match="No space left on device") as err:
-        worker.checkpoint({"epoch": 0})
+        worker.checkpoint(worker.report(0))
     assert f"{storage.experiment_fs_path}/checkpoint_e000_s00000000" in str(err.value)
 
 

@@ -68,7 +68,7 @@ def test_install_and_uninstall_on_a_data_context():
     assert ctx.op_resource_reservation_enabled is False
     key = "backpressure_policies.enabled"
     assert ray_hooks.TunerBackpressurePolicy in ctx.get_config(key)
-    assert ctx.get_config(ray_hooks.SPEC_KEY)["policy"] == "plumber"
+    assert ctx.get_config(ray_hooks.SPEC_KEY).policy == "plumber"
     ray_hooks.uninstall(ctx)
     assert ray_hooks.TunerCallback not in ctx.custom_execution_callback_classes
     assert ctx.op_resource_reservation_enabled is True
@@ -93,3 +93,27 @@ def test_cpu_limit_reads_an_unset_limit_as_unknown():
     assert binding.cpu_limit() == float("inf")
     binding.executor = Executor(24.0)
     assert binding.cpu_limit() == 24.0
+
+
+def test_the_executing_side_re_validates_the_spec_it_reads():
+    """The spec crosses to the process that runs the pipeline inside the DataContext; it is re-validated there."""
+    import pickle
+
+    from ray.data import DataContext
+
+    from dlrm_platform.config import ConfigError
+    from dlrm_platform.tuner.spec import OpSpec, TunerSpec
+
+    ctx = DataContext()
+    assert ray_hooks.spec_from_context(ctx) is None
+    spec = TunerSpec("t3", "plumber", 4.0, [OpSpec("a", 1.0), OpSpec("b", 1.0)])
+    ray_hooks.install(ctx, spec)
+    shipped = pickle.loads(pickle.dumps(ctx))  # as Ray ships the context to the feed service actor
+    assert ray_hooks.spec_from_context(shipped) == spec
+    spec.ops[1].min_slots = 9  # changed after validation: the minimums no longer fit the budget
+    with pytest.raises(ConfigError, match="minimum allocation needs 10 CPUs"):
+        ray_hooks.spec_from_context(ctx)
+    ctx.set_config(ray_hooks.SPEC_KEY, {"tuner_id": "t3", "policy": "plumber"})  # the old dict form
+    with pytest.raises(TypeError, match="not a TunerSpec"):
+        ray_hooks.spec_from_context(ctx)
+    ray_hooks.uninstall(ctx)

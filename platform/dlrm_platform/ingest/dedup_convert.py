@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dlrm_platform.config import DatasetSchema, JobConfig
+from dlrm_platform.config import DatasetSchema, JobConfig, revalidate
 from dlrm_platform.errors import UserError
 from dlrm_platform.ingest import transforms
 from dlrm_platform.ingest._mix import mix64
@@ -194,9 +194,9 @@ def _row_hash(table: pa.Table, names: Sequence[str]) -> np.ndarray:
     return h
 
 
-def _convert_block(block: pa.Table, columns_json: str, out_dir: str, rows_per_shard: int) -> pa.Table:
+def _convert_block(block: pa.Table, columns: DatasetSchema, out_dir: str, rows_per_shard: int) -> pa.Table:
     """Ray Data task of the converter: one sorted block -> shard pairs under ``out_dir`` (temporary names)."""
-    columns = DatasetSchema.model_validate_json(columns_json)
+    columns = revalidate(columns)  # crossed a Ray boundary
     key = require_key(columns)
     rows: list[dict[str, Any]] = []
     if block.num_rows:
@@ -328,7 +328,7 @@ def _ray_convert_split(files: Sequence[str], columns: DatasetSchema, out_dir: Pa
     ds = ds.repartition(num_shards).sort(key)
     stats = ds.map_batches(
         _convert_block_with_missing,
-        fn_kwargs={"columns_json": columns.model_dump_json(), "out_dir": str(out_dir),
+        fn_kwargs={"columns": columns, "out_dir": str(out_dir),
                    "rows_per_shard": rows_per_shard},
         batch_format="pyarrow",
         batch_size=None,
@@ -377,17 +377,17 @@ def convert_split_local(files: Sequence[str | Path], columns: DatasetSchema, out
     out_dir.mkdir(parents=True, exist_ok=True)
     table = pa.concat_tables([pq.read_table(f, columns=columns.columns) for f in files])
     table = _assign_keys(table, key)
-    stats = _convert_block_with_missing(table, columns.model_dump_json(), str(out_dir), rows_per_shard).to_pylist()
+    stats = _convert_block_with_missing(table, columns, str(out_dir), rows_per_shard).to_pylist()
     report = SplitReport(engine="local")
     _finalize_split(out_dir, stats, files, columns, report)
     return report
 
 
-def _convert_block_with_missing(block: pa.Table, columns_json: str, out_dir: str, rows_per_shard: int) -> pa.Table:
+def _convert_block_with_missing(block: pa.Table, columns: DatasetSchema, out_dir: str, rows_per_shard: int) -> pa.Table:
     """:func:`_convert_block`, also counting the rows whose key was missing (flag column from ``_assign_keys``)."""
     flags = block.column("_missing_key").to_numpy(zero_copy_only=False) if block.num_rows else np.zeros(0, bool)
     block = block.drop_columns(["_missing_key"])
-    out = _convert_block(block, columns_json, out_dir, rows_per_shard)
+    out = _convert_block(block, columns, out_dir, rows_per_shard)
     missing = [0] * out.num_rows
     if out.num_rows:
         missing[0] = int(flags.sum())

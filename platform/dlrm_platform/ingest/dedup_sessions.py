@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from dlrm_platform.config import DatasetSchema
+from dlrm_platform.config import DatasetSchema, revalidate
 from dlrm_platform.ingest import transforms
 from dlrm_platform.ingest.dedup_storage import (
     SAMPLES_COLUMN,
@@ -184,14 +184,13 @@ class SessionParquetDatasource(Datasource):
                 input_files=[u, s],
                 exec_stats=None,
             )
-            tasks.append(ReadTask(_reader(u, s, self.columns.model_dump_json(), self.quarantine_dir), meta))
+            tasks.append(ReadTask(_reader(u, s, self.columns, self.quarantine_dir), meta))
         return tasks
 
 
-def _reader(users_path: str, samples_path: str, columns_json: str, quarantine_dir: str | None):
-    def read() -> Iterable[pa.Table]:
-        columns = DatasetSchema.model_validate_json(columns_json)
-        yield read_session_shard(users_path, samples_path, columns, quarantine_dir)
+def _reader(users_path: str, samples_path: str, columns: DatasetSchema, quarantine_dir: str | None):
+    def read() -> Iterable[pa.Table]:  # a Ray Data read task: the schema crossed a Ray boundary
+        yield read_session_shard(users_path, samples_path, revalidate(columns), quarantine_dir)
 
     return read
 

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from dlrm_platform.config import IngestConfig, TunerConfig
+from dlrm_platform.config import IngestConfig, TunerConfig, revalidate
 from dlrm_platform.ingest import dedup_operators, dedup_sessions, transforms
 from dlrm_platform.ingest.batching import PACKED_SCHEMA
 from dlrm_platform.ingest.transforms import TransformSpec
@@ -211,13 +211,14 @@ class FusedParquetDatasource(Datasource):
 
 def _flat_reader(path: str, first_group: int, num_groups: int, spec: TransformSpec, batch_size: int,
                  block_rows: int):
-    def read() -> Iterator[pa.Table]:
+    def read() -> Iterator[pa.Table]:  # a Ray Data read task: the spec crossed a Ray boundary
+        task_spec = revalidate(spec)
         f = pq.ParquetFile(path)
         groups = list(range(first_group, first_group + num_groups))
-        table = f.read_row_groups(groups, columns=spec.columns.columns) if groups else \
-            f.schema_arrow.empty_table().select(spec.columns.columns)
+        table = f.read_row_groups(groups, columns=task_spec.columns.columns) if groups else \
+            f.schema_arrow.empty_table().select(task_spec.columns.columns)
         for lo, n in _sample_slices(table.num_rows, block_rows):
-            out = preprocess_flat(table.slice(lo, n), spec, batch_size)
+            out = preprocess_flat(table.slice(lo, n), task_spec, batch_size)
             if out.num_rows:
                 yield out
 
@@ -252,13 +253,14 @@ class FusedSessionDatasource(Datasource):
 
 
 def _session_reader(users_path: str, samples_path: str, spec: TransformSpec, batch_size: int, block_rows: int):
-    def read() -> Iterator[pa.Table]:
-        block = dedup_sessions.read_session_shard(users_path, samples_path, spec.columns, spec.quarantine_dir)
+    def read() -> Iterator[pa.Table]:  # a Ray Data read task: the spec crossed a Ray boundary
+        task_spec = revalidate(spec)
+        block = dedup_sessions.read_session_shard(users_path, samples_path, task_spec.columns, task_spec.quarantine_dir)
         # Shards are sorted by session key: slice a fixed random order of the whole shard's sessions,
         # or each block (and so a run of consecutive steps) would hold one key range only.
-        block = block.take(pa.array(dedup_sessions.session_order(block, spec.columns.session_key)))
+        block = block.take(pa.array(dedup_sessions.session_order(block, task_spec.columns.session_key)))
         for lo, n in _session_slices(block, block_rows):
-            out = preprocess_sessions(block.slice(lo, n), spec, batch_size)
+            out = preprocess_sessions(block.slice(lo, n), task_spec, batch_size)
             if out.num_rows:
                 yield out
 

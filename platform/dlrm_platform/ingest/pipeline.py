@@ -18,19 +18,21 @@ trainers asking 1 CPU each otherwise starve Ray Data and the run hangs).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 from pathlib import Path
 
 import pyarrow as pa
 import ray
 from ray.data import Dataset, ExecutionOptions, ExecutionResources, TaskPoolStrategy
 
-from dlrm_platform.config import OPERATOR_NAMES, IngestConfig, JobConfig, OperatorConfig
+from dlrm_platform.config import OPERATOR_NAMES, IngestConfig, JobConfig, OperatorConfig, revalidate
 from dlrm_platform.errors import UserError
 from dlrm_platform.ingest import dedup_convert, dedup_operators, fused, transforms
 from dlrm_platform.ingest.dedup_sessions import SessionParquetDatasource
@@ -142,10 +144,22 @@ def execution_options(budget: CpuBudget) -> ExecutionOptions:
     return ExecutionOptions(resource_limits=ExecutionResources(cpu=budget.data))
 
 
+def _task_entry(fn: Callable[..., pa.Table]) -> Callable[..., pa.Table]:
+    """``fn`` as a Ray Data task runs it: ``spec`` crossed a Ray boundary and is re-validated first.
+
+    Keeps ``fn``'s name: Ray Data names the operator after it (``MapBatches(parse)``), and so does the tuner.
+    """
+    @functools.wraps(fn)
+    def entry(block: pa.Table, spec: TransformSpec, **kwargs: Any) -> pa.Table:
+        return fn(block, revalidate(spec), **kwargs)
+
+    return entry
+
+
 def _map_operator(ds: Dataset, fn: Callable, op: OperatorConfig, spec: TransformSpec,
                   batch_size: int | None = None, remote_args: dict | None = None) -> Dataset:
     return ds.map_batches(
-        fn,
+        _task_entry(fn),
         fn_kwargs={"spec": spec},
         batch_format="pyarrow",
         batch_size=batch_size,
@@ -194,7 +208,7 @@ def build_dedup_dataset(shards: list[tuple[str, str]], spec: TransformSpec, inge
     )
     for name, fn in _DEDUP_MAP_OPERATORS:
         ds = _map_operator(ds, fn, getattr(ops, name), spec, batch_size=None, remote_args=remote_args)
-    return ds.map_batches(dedup_operators.batch, fn_kwargs={"spec": spec, "batch_size": ingest.batch_size},
+    return ds.map_batches(_task_entry(dedup_operators.batch), fn_kwargs={"spec": spec, "batch_size": ingest.batch_size},
                           batch_format="pyarrow", batch_size=None, zero_copy_batch=True,
                           compute=TaskPoolStrategy(size=ops.batch.concurrency), num_cpus=ops.batch.num_cpus,
                           **(remote_args or {}))

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
 from dlrm_platform.config import DatasetSchema, IngestConfig
 from dlrm_platform.ingest.batching import pack_table
@@ -25,15 +25,28 @@ QUARANTINE_REASON = "quarantine_reason"
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-@dataclass(frozen=True)
-class TransformSpec:
-    """What the operators need to know; small and picklable, shipped to every task."""
+class TransformSpec(BaseModel):
+    """What the operators need to know; small and picklable, shipped to every task.
+
+    A typed config like the job's: it crosses into Ray Data tasks as this object and the
+    task's entry point re-validates it (``config.revalidate``; ``ingest.pipeline`` for
+    the map operators, the read tasks in ``fused`` and ``dedup_sessions``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     columns: DatasetSchema
-    table_sizes: dict[str, int]
-    max_history_length: int
+    table_sizes: dict[str, PositiveInt]
+    max_history_length: PositiveInt
     dense_log1p: bool
     quarantine_dir: str | None
+
+    @model_validator(mode="after")
+    def _every_table_sized(self) -> TransformSpec:
+        missing = [f for f in self.columns.sparse_features if f not in self.table_sizes]
+        if missing:
+            raise ValueError(f"table_sizes has no size for the sparse features {missing}")
+        return self
 
     @classmethod
     def from_config(cls, columns: DatasetSchema, ingest: IngestConfig, quarantine_dir: Path | None) -> TransformSpec:

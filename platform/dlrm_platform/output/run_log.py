@@ -13,6 +13,13 @@ terminal gets:
 - warnings of the platform's own loggers (driver or worker) and errors of any
   logger, on stderr.
 
+- once per run, when Ray Data says its operators cannot get CPUs ("Cluster
+  resources are not enough ...", logged by the process that runs the pipeline,
+  often the feed service actor) or that the execution made no progress, one
+  line on stderr that says what to do (:class:`StarvedCpuHint`; the job fills in
+  its CPU figures with :meth:`RunLog.advise_when_starved`). Ray's own message
+  stays in the file.
+
 With ``verbose`` the terminal gets every record too, as before this module.
 
 Libraries that print on their own: Ray's and Ray Data's loggers have their own
@@ -38,8 +45,8 @@ from pathlib import Path
 from dlrm_platform.output.terminal import Terminal
 from dlrm_platform.output.worker_logs import forward_worker_output
 
-__all__ = ["PROGRESS_LOGGER", "STAGE_LOGGER", "RunLog", "TerminalHandler", "open_run_log", "shown_on_terminal",
-           "shown_path"]
+__all__ = ["PROGRESS_LOGGER", "STAGE_LOGGER", "RunLog", "StarvedCpuHint", "TerminalHandler", "open_run_log",
+           "shown_on_terminal", "shown_path"]
 
 STAGE_LOGGER = "dlrm_platform.stage"  # one line per stage of a job: always on the terminal
 PROGRESS_LOGGER = "dlrm_platform.progress"  # plain progress lines (no bar): always on the terminal
@@ -72,6 +79,36 @@ class TerminalHandler(logging.Handler):
         try:
             text = record.getMessage() if record.name in _ALWAYS else self.format(record)
             self.terminal.write(text, err=record.levelno >= logging.WARNING)
+        except Exception:  # noqa: BLE001 - logging must not raise
+            self.handleError(record)
+
+
+# What Ray Data logs when its operators wait for CPUs they cannot get (ray.data resource_manager,
+# no_progress_guard in Ray 2.60). Matched anywhere in a record: forwarded worker lines carry a prefix.
+STARVED_MARKERS = ("Cluster resources are not enough", "Dataset execution made no progress")
+_GENERIC_ADVICE = ("the cluster has too few free CPUs for the job's trainers and its data pipeline: lower "
+                   "train.num_workers or train.cpus_per_worker (fractions are fine), or add nodes")
+
+
+class StarvedCpuHint(logging.Handler):
+    """One line on the terminal, at most once per run, when Ray Data is starved of CPUs."""
+
+    def __init__(self, terminal: Terminal) -> None:
+        super().__init__(logging.DEBUG)
+        self.terminal = terminal
+        self.advice = _GENERIC_ADVICE
+        self.shown = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.shown:
+            return
+        try:
+            message = record.getMessage()
+            if not any(m in message for m in STARVED_MARKERS):
+                return
+            self.shown = True
+            self.terminal.write(f"WARNING the data pipeline is waiting for CPUs it cannot get: {self.advice}",
+                                err=True)
         except Exception:  # noqa: BLE001 - logging must not raise
             self.handleError(record)
 
@@ -119,6 +156,11 @@ class RunLog:
     terminal: Terminal
     verbose: bool
     _file: _DeferredFileHandler
+    _starved: StarvedCpuHint
+
+    def advise_when_starved(self, advice: str) -> None:
+        """What the line shown when Ray Data is starved of CPUs tells the user to do (the job's own figures)."""
+        self._starved.advice = advice
 
     @property
     def started(self) -> bool:
@@ -154,7 +196,8 @@ def open_run_log(job_name: str, runs_dir: Path, *, verbose: bool = False,
     path = log_path(runs_dir.resolve(), job_name)
     terminal = terminal or Terminal()
     file_handler = _DeferredFileHandler(path, logging.DEBUG if verbose else logging.INFO)
-    handlers: list[logging.Handler] = [file_handler, TerminalHandler(terminal, verbose)]
+    starved = StarvedCpuHint(terminal)
+    handlers: list[logging.Handler] = [file_handler, TerminalHandler(terminal, verbose), starved]
     with contextlib.ExitStack() as stack:
         stack.enter_context(_root_handlers(handlers, logging.DEBUG if verbose else logging.INFO))
         stack.enter_context(_library_loggers_propagate())
@@ -164,7 +207,7 @@ def open_run_log(job_name: str, runs_dir: Path, *, verbose: bool = False,
             stack.enter_context(_env("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true"))
         stack.enter_context(forward_worker_output())
         stack.callback(file_handler.close)
-        yield RunLog(path=path, terminal=terminal, verbose=verbose, _file=file_handler)
+        yield RunLog(path=path, terminal=terminal, verbose=verbose, _file=file_handler, _starved=starved)
 
 
 @contextlib.contextmanager

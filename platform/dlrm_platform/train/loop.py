@@ -3,13 +3,13 @@
 ::
 
     train_loop_per_worker(config)
-        job      <- LoopConfig.from_dict(config)            re-validated JobConfig
+        loop     <- revalidate(config["loop"])              LoopConfig (+ JobConfig), re-validated
         model    <- build_sharded_model(job)                DMP, fused row-wise Adagrad
         progress <- restore the latest checkpoint, if any
         for epoch in progress.next_epoch .. epochs-1:
             train_epoch   lockstep steps over the "train" shard
             evaluate      lockstep forward over the "eval" shard -> AUC, logloss
-            checkpoint    DCP save on every rank + ray.train.report
+            checkpoint    DCP save on every rank + ray.train.report(TrainReport)
 
 Lockstep. With table-wise sharding every forward is a collective (the KJT
 and pooled-embedding all-to-alls), so all workers must take the same number
@@ -64,9 +64,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
 
 from dlrm_platform import run_metrics
-from dlrm_platform.config import JobConfig
+from dlrm_platform.config import JobConfig, revalidate
 from dlrm_platform.ingest.batching import packed_digest
 from dlrm_platform.ingest.dedup_batching import packed_batch_stats
 from dlrm_platform.ingest.feed_service import FeedClient
@@ -96,11 +97,13 @@ from dlrm_platform.train.perf import (
     visible_cpus,
 )
 from dlrm_platform.train.mlflow_logger import Tracker, make_tracker
+from dlrm_platform.train.result import EpochEnd, EpochRecord, TrainReport
 from dlrm_platform.output.progress import ProgressSink
 from dlrm_platform.output.worker_logs import configure_worker_logging
 
 __all__ = [
     "EpochStats",
+    "LOOP_KEY",
     "LoopConfig",
     "Worker",
     "train_loop_per_worker",
@@ -113,40 +116,37 @@ log = logging.getLogger("dlrm_platform.train")
 # raises after step S of epoch E. Deleting first makes it fire once.
 
 
-@dataclass(frozen=True)
-class LoopConfig:
-    """What the driver hands every worker (as a plain dict through Ray)."""
+LOOP_KEY = "loop"  # Ray Train's train_loop_config must be a dict: it holds the LoopConfig under this key
+
+
+class LoopConfig(BaseModel):
+    """What the driver hands every worker: ``{LOOP_KEY: LoopConfig}`` as Ray Train's ``train_loop_config``.
+
+    Crosses the Ray boundary as this object; :func:`train_loop_per_worker` re-validates it
+    (and the :class:`JobConfig` in it) before anything else.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     job: JobConfig
     mlflow_run_id: str | None = None
     tracking_uri: str | None = None
     has_eval: bool = True
-    dataset_files: dict[str, list[str]] = field(default_factory=dict)  # what each pipeline reads (cache keys)
+    dataset_files: dict[str, list[str]] = Field(default_factory=dict)  # what each pipeline reads (cache keys)
     cache_dir: str | None = None  # where epoch caches spill; None: ingest.cache.spill_dir or a temp dir
     feed_service: Any = None  # the job's ingest.feed_service.FeedService actor; None: Ray Train's dataset shards
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "job": self.job.model_dump(mode="json"),
-            "mlflow_run_id": self.mlflow_run_id,
-            "tracking_uri": self.tracking_uri,
-            "has_eval": self.has_eval,
-            "dataset_files": {k: [str(f) for f in v] for k, v in self.dataset_files.items()},
-            "cache_dir": self.cache_dir,
-            "feed_service": self.feed_service,  # an actor handle: Ray pickles the train loop config
-        }
+    def to_ray(self) -> dict[str, LoopConfig]:
+        """Ray Train's ``train_loop_config``."""
+        return {LOOP_KEY: self}
 
     @classmethod
-    def from_dict(cls, config: dict[str, Any]) -> LoopConfig:
-        return cls(
-            job=JobConfig.model_validate(config["job"]),
-            mlflow_run_id=config.get("mlflow_run_id"),
-            tracking_uri=config.get("tracking_uri"),
-            has_eval=bool(config.get("has_eval", True)),
-            dataset_files={str(k): [str(f) for f in v] for k, v in (config.get("dataset_files") or {}).items()},
-            cache_dir=config.get("cache_dir"),
-            feed_service=config.get("feed_service"),
-        )
+    def received(cls, train_loop_config: dict[str, Any]) -> LoopConfig:
+        """The worker's side of :meth:`to_ray`: the LoopConfig, re-validated (``config.ConfigError`` names the field)."""
+        loop = train_loop_config.get(LOOP_KEY) if isinstance(train_loop_config, dict) else None
+        if not isinstance(loop, cls):
+            raise TypeError(f"train_loop_config must be {{{LOOP_KEY!r}: LoopConfig}}, got {train_loop_config!r:.200}")
+        return revalidate(loop)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -209,7 +209,7 @@ class Worker:
     progress: TrainProgress = field(default_factory=TrainProgress)
     precision: Precision | None = None  # None: resolved from job.train.precision and the device
     threads: ThreadPlan | None = None  # as configured by train_loop_per_worker (reported, not applied here)
-    epoch_log: list[dict[str, Any]] = field(default_factory=list)  # per epoch of this run: data wait, source
+    epoch_log: list[EpochRecord] = field(default_factory=list)  # per epoch of this run: data wait, source
     live: ProgressSink = field(default_factory=ProgressSink)  # rank 0's progress to the driver's terminal
 
     def __post_init__(self) -> None:
@@ -275,7 +275,7 @@ class Worker:
             if train.checkpoint_every_steps and self.progress.global_step % train.checkpoint_every_steps == 0:
                 epoch_stats.wall_s += self._accumulate(unsaved, time.perf_counter() - unsaved_start)
                 self.progress.trained_in_epoch = _all_gather_union(before + trained)
-                self.checkpoint({"epoch": epoch, **self.summary()})
+                self.checkpoint(self.report(epoch))
                 unsaved, unsaved_start = EpochStats(), time.perf_counter()
         epoch_stats.wall_s += self._accumulate(unsaved, time.perf_counter() - unsaved_start)
         # The epoch's end checkpoint needs no position; it keeps what the epoch trained, every worker's batches
@@ -345,24 +345,29 @@ class Worker:
 
     # ----------------------------------------------------------------- checkpoints
 
-    def summary(self) -> dict[str, float]:
-        """The run's figures so far: what TrainingResult is built from."""
+    def report(self, epoch: int, start_epoch: int = 0, epoch_end: EpochEnd | None = None,
+               feed: dict[str, Any] | None = None) -> TrainReport:
+        """The run's figures so far, as the driver reads them back (``result.TrainingResult``)."""
         p = self.progress
         busy = p.wait_s + p.compute_s
-        return {
-            "samples_per_s": p.samples / p.train_time_s if p.train_time_s else 0.0,
-            "data_wait_fraction": p.wait_s / busy if busy else 0.0,
-            "auc": p.eval_auc if p.eval_auc is not None else float("nan"),
-            "logloss": p.eval_logloss if p.eval_logloss is not None else float("nan"),
-            "steps": p.global_step,
-            "samples": p.samples,
-            "train_time_s": p.train_time_s,
-            "precision": self.precision.name,
-            "intra_op_threads": self.threads.intra_op if self.threads else torch.get_num_threads(),
-            "epochs": list(self.epoch_log),
-        }
+        return TrainReport(
+            epoch=epoch,
+            start_epoch=start_epoch,
+            samples_per_s=p.samples / p.train_time_s if p.train_time_s else 0.0,
+            data_wait_fraction=p.wait_s / busy if busy else 0.0,
+            auc=p.eval_auc if p.eval_auc is not None else float("nan"),
+            logloss=p.eval_logloss if p.eval_logloss is not None else float("nan"),
+            steps=p.global_step,
+            samples=p.samples,
+            train_time_s=p.train_time_s,
+            precision=self.precision.name,
+            intra_op_threads=self.threads.intra_op if self.threads else torch.get_num_threads(),
+            epochs=list(self.epoch_log),
+            epoch_end=epoch_end,
+            feed=dict(feed or {}),
+        )
 
-    def checkpoint(self, metrics: dict[str, Any]) -> None:
+    def checkpoint(self, report: TrainReport) -> None:
         """Save on every rank and report to Ray Train (which merges the ranks' directories)."""
         import ray.train
 
@@ -371,7 +376,7 @@ class Worker:
         with tempfile.TemporaryDirectory(prefix="dlrm-ckpt-") as tmp:
             save_checkpoint(tmp, self.model, self.dense_optimizer, self.progress)  # CheckpointWriteError
             try:
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                ray.train.report(report.to_ray(), checkpoint=ray.train.Checkpoint.from_directory(tmp),
                                  checkpoint_dir_name=name)
             except OSError as err:  # the upload into storage: disk full, not writable
                 storage = ray.train.get_context().get_storage().experiment_fs_path
@@ -411,11 +416,11 @@ def _latest_checkpoint_dir(job: JobConfig) -> Iterator[str | None]:
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train entry point; ``config`` is :meth:`LoopConfig.to_dict`."""
+    """Ray Train entry point; ``config`` is :meth:`LoopConfig.to_ray`."""
     import ray.train
     import ray.train.torch
 
-    loop = LoopConfig.from_dict(config)
+    loop = LoopConfig.received(config)  # crossed the Ray boundary: re-validated before anything else
     job = loop.job
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -515,28 +520,20 @@ def _train_epochs(worker: Worker, feeder: ShardFeeder, has_eval: bool, threads: 
             feeder.decide("eval", _all_reduce_min)
         worker.progress.epoch_complete = True
         feed = feeder.stats("train", epoch)
-        worker.epoch_log.append({
-            "epoch": epoch,
-            "data_wait_fraction": round(stats.data_wait_fraction, 4),
-            "first_batch_latency_s": round(stats.first_wait_s or 0.0, 3),
-            "samples_per_s": round(stats.samples_per_s, 1),
-            "source": feed.source,
-        })
-        epoch_metrics = {
-            "epoch": epoch,
-            "start_epoch": start_epoch,
+        worker.epoch_log.append(EpochRecord(
+            epoch=epoch,
+            data_wait_fraction=round(stats.data_wait_fraction, 4),
+            first_batch_latency_s=round(stats.first_wait_s or 0.0, 3),
+            samples_per_s=round(stats.samples_per_s, 1),
+            source=feed.source,
+        ))
+        report = worker.report(epoch, start_epoch, feed=feeder.describe(), epoch_end=EpochEnd(
+            train_loss=stats.loss, samples=stats.samples, eval_samples=eval_samples,
+            data_wait_fraction=stats.data_wait_fraction, source=feed.source))
+        worker.tracker.log_epoch(epoch, {  # MLflow's per-epoch names
             "epoch_train_loss": stats.loss,
-            "epoch_samples": stats.samples,
-            "eval_samples": eval_samples,
-            "epoch_data_wait_fraction": stats.data_wait_fraction,
-            "epoch_source": feed.source,
-            "feed": feeder.describe(),
-            **worker.summary(),
-        }
-        worker.tracker.log_epoch(epoch, {
-            "epoch_train_loss": stats.loss,
-            "eval_auc": epoch_metrics["auc"],
-            "eval_logloss": epoch_metrics["logloss"],
+            "eval_auc": report.auc,
+            "eval_logloss": report.logloss,
             "epoch_samples_per_s": stats.samples_per_s,
             "epoch_data_wait_fraction": stats.data_wait_fraction,
             "epoch_first_batch_latency_s": stats.first_wait_s or 0.0,
@@ -546,10 +543,10 @@ def _train_epochs(worker: Worker, feeder: ShardFeeder, has_eval: bool, threads: 
         })
         if rank == 0:
             log.info("epoch %d done: %s", epoch, json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                                                              for k, v in epoch_metrics.items()}))
-        worker.checkpoint(epoch_metrics)
+                                                              for k, v in report.model_dump(exclude={"epochs"}).items()}))
+        worker.checkpoint(report)
     if start_epoch >= job.train.epochs:  # restored a finished run: report it again as the result
         if rank == 0:
             log.info("nothing to train: the checkpoint already completed %d epochs", job.train.epochs)
-        worker.checkpoint({"epoch": worker.progress.epoch, "start_epoch": start_epoch, **worker.summary()})
+        worker.checkpoint(worker.report(worker.progress.epoch, start_epoch))
 

@@ -2,17 +2,16 @@
 
 :func:`run_training` is all the rest of the platform calls. It holds no
 model: the workers build, shard and train it (:mod:`.loop`); the driver only
-configures Ray Train and reads back the metrics reported with the last
-checkpoint (Ray Train V2 keeps metrics only for reports with a checkpoint).
+configures Ray Train and reads back the :class:`~.result.TrainReport` reported
+with the last checkpoint (Ray Train V2 keeps metrics only for reports with a
+checkpoint), validated into a :class:`~.result.TrainingResult`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import uuid
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -22,6 +21,7 @@ from dlrm_platform.config import JobConfig
 from dlrm_platform.ingest.feed_service import start_feed_service
 from dlrm_platform.ingest.pipeline import RESOURCE_SLIVER
 from dlrm_platform.train.loop import LoopConfig, train_loop_per_worker
+from dlrm_platform.train.result import TrainingResult
 
 if TYPE_CHECKING:
     from ray.data import Dataset, ExecutionOptions
@@ -29,45 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("dlrm_platform.train")
 
 __all__ = ["TrainingResult", "run_training"]
-
-
-@dataclass
-class TrainingResult:
-    """The figures of a finished training run (summed over workers and epochs).
-
-    ``samples_per_s``: trained samples per second of training time (evaluation
-    and checkpointing excluded); ``data_wait_fraction``: wait / (wait +
-    compute) over all steps of all workers; ``auc``/``logloss``: held-out, after
-    the last epoch (NaN without an eval split); ``steps``: lockstep steps;
-    ``samples``: samples trained on (replays after a failure included);
-    ``checkpoint_path``: the last checkpoint (DCP directory).
-    """
-
-    samples_per_s: float
-    data_wait_fraction: float
-    auc: float
-    logloss: float
-    steps: int
-    samples: int
-    checkpoint_path: str | None
-    train_time_s: float
-    start_epoch: int = 0
-    metrics: dict[str, Any] | None = None
-
-    @classmethod
-    def from_metrics(cls, metrics: dict[str, Any], checkpoint_path: str | None) -> TrainingResult:
-        return cls(
-            samples_per_s=float(metrics["samples_per_s"]),
-            data_wait_fraction=float(metrics["data_wait_fraction"]),
-            auc=float(metrics.get("auc", math.nan)),
-            logloss=float(metrics.get("logloss", math.nan)),
-            steps=int(metrics["steps"]),
-            samples=int(metrics["samples"]),
-            checkpoint_path=checkpoint_path,
-            train_time_s=float(metrics["train_time_s"]),
-            start_epoch=int(metrics.get("start_epoch", 0)),
-            metrics=dict(metrics),
-        )
 
 
 def run_training(
@@ -96,11 +57,12 @@ def run_training(
     name = run_name or f"{job.name}-{mlflow_run_id or uuid.uuid4().hex[:8]}"
     feed = _start_feed(job, {k: v for k, v in datasets.items() if k in ("train", "eval")}, execution_options)
     loop_config = LoopConfig(job=job, mlflow_run_id=mlflow_run_id, tracking_uri=tracking_uri,
-                             has_eval="eval" in datasets, dataset_files=dict(dataset_files or {}),
+                             has_eval="eval" in datasets,
+                             dataset_files={k: [str(f) for f in v] for k, v in (dataset_files or {}).items()},
                              cache_dir=cache_dir, feed_service=feed)
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=loop_config.to_dict(),
+        train_loop_config=loop_config.to_ray(),  # the typed LoopConfig; the workers re-validate it
         # nccl between GPU workers (collectives on CUDA tensors), gloo on CPU.
         torch_config=TorchConfig(backend="nccl" if train.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
@@ -127,9 +89,7 @@ def run_training(
     if result.metrics is None:
         raise RuntimeError(f"training run {name!r} reported no checkpoint with metrics")
     checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
-    metrics = dict(result.metrics)
-    metrics["feed_service"] = feed_passes
-    return TrainingResult.from_metrics(metrics, checkpoint_path)
+    return TrainingResult.from_ray(result.metrics, checkpoint_path, feed_service=feed_passes)
 
 
 def trainer_resources(job: JobConfig) -> dict[str, float]:

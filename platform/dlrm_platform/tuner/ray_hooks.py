@@ -43,6 +43,7 @@ import threading
 import time
 from typing import Any
 
+from dlrm_platform.config import revalidate
 from dlrm_platform.tuner.controller import Controller
 from dlrm_platform.tuner.observe import RawOp, RawSnapshot
 from dlrm_platform.tuner.spec import TunerSpec
@@ -351,10 +352,9 @@ class TunerCallback(ExecutionCallback):
     # -- lifecycle
     def before_execution_starts(self, executor) -> None:
         try:
-            raw = executor._data_context.get_config(SPEC_KEY)
-            if raw is None:
+            spec = spec_from_context(executor._data_context)
+            if spec is None:
                 return
-            spec = TunerSpec.from_dict(raw)
             binding = _Binding(executor, spec)
             if not binding.by_name:
                 log.info("tuner %s: no tuned operator in this execution (%s); not tuning it",
@@ -466,10 +466,24 @@ class TunerCallback(ExecutionCallback):
 # --------------------------------------------------------------------------- install
 
 
+def spec_from_context(data_context) -> TunerSpec | None:
+    """The :class:`TunerSpec` :func:`install` put on ``data_context``, re-validated (it crossed a Ray boundary).
+
+    None when no tuner is installed; ``config.ConfigError`` naming the field when the spec does not
+    validate, TypeError when the key holds something else than a spec.
+    """
+    spec = data_context.get_config(SPEC_KEY, None)
+    if spec is None:
+        return None
+    if not isinstance(spec, TunerSpec):
+        raise TypeError(f"DataContext config {SPEC_KEY!r} holds a {type(spec).__name__}, not a TunerSpec")
+    return revalidate(spec)
+
+
 def install(data_context, spec: TunerSpec) -> None:
     """Register the tuner on ``data_context`` (before the dataset executes)."""
     verify_hooks()
-    data_context.set_config(SPEC_KEY, spec.to_dict())
+    data_context.set_config(SPEC_KEY, spec)
     if TunerCallback not in data_context.custom_execution_callback_classes:
         data_context.custom_execution_callback_classes.append(TunerCallback)
     if spec.controls:

@@ -1,16 +1,23 @@
-"""What the tuner controls: plain, JSON-serialisable descriptions.
+"""What the tuner controls: typed, plain-data descriptions.
 
-A :class:`TunerSpec` travels inside the Ray Data ``DataContext`` (as a dict in
-its key-value config) to wherever the pipeline executes: the driver for a plain
-iterator, the job's feed service actor under a training job. It therefore holds only
-plain data, never Ray handles or config objects.
+A :class:`TunerSpec` travels inside the Ray Data ``DataContext`` (as this object,
+in its key-value config) to wherever the pipeline executes: the driver for a plain
+iterator, the job's feed service actor under a training job. The callback that
+reads it there re-validates it (``config.revalidate``, see
+``ray_hooks.spec_from_context``), as every typed object crossing a Ray boundary
+is. It holds only plain data, never Ray handles or config objects. Pydantic
+dataclasses (not models) so that tests and simulators keep building them
+positionally.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import field
 from typing import Any
+
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass
 
 from dlrm_platform.config import TUNER_POLICIES
 
@@ -19,9 +26,10 @@ POLICIES = TUNER_POLICIES  # named once, in the config (TunerConfig.policy)
 CONTROLLING_POLICIES = tuple(p for p in POLICIES if p != "ray_default")
 
 Allocation = dict[str, int]
+_STRICT = ConfigDict(extra="forbid")
 
 
-@dataclass
+@dataclass(config=_STRICT)
 class OpSpec:
     """One tuned operator: its name, CPUs per task (slot) and slot bounds."""
 
@@ -37,7 +45,7 @@ class OpSpec:
         return cap if self.max_slots is None else min(cap, self.max_slots)
 
 
-@dataclass
+@dataclass(config=_STRICT)
 class TunerSpec:
     """Everything the in-executor controller needs, as plain data."""
 
@@ -85,12 +93,3 @@ class TunerSpec:
 
     def initial_allocation(self) -> Allocation:
         return {o.name: max(o.min_slots, o.initial) for o in self.ops}
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TunerSpec:
-        d = dict(d)
-        d["ops"] = [o if isinstance(o, OpSpec) else OpSpec(**o) for o in d["ops"]]
-        return cls(**d)

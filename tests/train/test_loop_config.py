@@ -1,0 +1,72 @@
+"""What crosses the Ray Train boundary: the typed LoopConfig in, the typed TrainReport out."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import cloudpickle
+import pytest
+
+from dlrm_platform.config import ConfigError
+from dlrm_platform.train.loop import LOOP_KEY, LoopConfig, train_loop_per_worker
+from dlrm_platform.train.result import REPORT_KEY, EpochEnd, EpochRecord, TrainingResult, TrainReport
+
+
+def _shipped(obj):
+    return pickle.loads(cloudpickle.dumps(obj))  # as Ray ships train_loop_config to every worker
+
+
+def test_the_worker_receives_the_typed_config_re_validated(tiny_job):
+    handle = object()  # stands in for the feed service's actor handle
+    loop = LoopConfig(job=tiny_job(), mlflow_run_id="r1", dataset_files={"train": ["/d/a.parquet"]}, feed_service=handle)
+    config = loop.to_ray()
+    assert set(config) == {LOOP_KEY} and config[LOOP_KEY] is loop
+    received = LoopConfig.received(config)
+    assert received == loop and received is not loop and received.feed_service is handle
+    assert LoopConfig.received(_shipped({LOOP_KEY: loop.model_copy(update={"feed_service": None})})).job == loop.job
+
+
+def test_the_worker_entry_rejects_an_invalid_config_naming_the_field(tiny_job):
+    """A config changed past validation is refused where the worker starts, before it builds anything."""
+    job = tiny_job()
+    bad_job = job.model_copy(update={"train": job.train.model_copy(update={"num_workers": 0})})  # skips validation
+    with pytest.raises(ConfigError, match=r"LoopConfig received across a Ray boundary: job\.train\.num_workers"):
+        train_loop_per_worker(_shipped(LoopConfig(job=bad_job).to_ray()))
+    bad_loop = LoopConfig.model_construct(job=job, has_eval="sometimes")
+    with pytest.raises(ConfigError, match="has_eval"):
+        train_loop_per_worker(_shipped(bad_loop.to_ray()))
+    with pytest.raises(TypeError, match="train_loop_config must be"):  # the old dict form is gone
+        train_loop_per_worker({"job": job.model_dump(mode="json"), "has_eval": True})
+
+
+def _report(**fields) -> TrainReport:
+    fields = {"auc": 0.8, "logloss": 0.5, **fields}
+    return TrainReport(epoch=1, start_epoch=0, samples_per_s=1000.0, data_wait_fraction=0.4, steps=10, samples=320,
+                       train_time_s=0.32, precision="fp32", intra_op_threads=1,
+                       epochs=[EpochRecord(epoch=0, data_wait_fraction=0.5, first_batch_latency_s=0.1,
+                                           samples_per_s=900.0, source="pipeline")],
+                       epoch_end=EpochEnd(train_loss=0.6, samples=160, eval_samples=64, data_wait_fraction=0.3,
+                                          source="cache"),
+                       feed={"caches": {"train": {"state": "complete"}}}, **fields)
+
+
+def test_the_driver_reads_back_the_report_under_the_same_names():
+    report = _report()
+    metrics = _shipped(report.to_ray())  # what Ray Train keeps of the report (plain data)
+    assert set(metrics) == {REPORT_KEY} and isinstance(metrics[REPORT_KEY], dict)
+    result = TrainingResult.from_ray(metrics, "/ckpt/e1", feed_service={"passes": []})
+    assert result.auc == 0.8 and result.logloss == 0.5 and result.precision == "fp32"
+    assert result.epochs == report.epochs and result.epoch_end == report.epoch_end
+    assert result.checkpoint_path == "/ckpt/e1" and result.feed_service == {"passes": []}
+    no_eval = TrainingResult.from_ray(_report(auc=math.nan).to_ray(), None)
+    assert math.isnan(no_eval.auc)
+
+
+def test_the_driver_rejects_a_report_it_does_not_know():
+    metrics = _report().to_ray()
+    metrics[REPORT_KEY]["eval_auc"] = 0.8  # a renamed figure is an error, not a silent NaN
+    with pytest.raises(ValueError, match="eval_auc"):
+        TrainingResult.from_ray(metrics, None)
+    with pytest.raises(RuntimeError, match="no 'report'"):
+        TrainingResult.from_ray({"auc": 0.8}, None)
