@@ -8,7 +8,11 @@ each fault at a point drawn from its seed:
 
 * ``train_worker_kill``  SIGKILL a Ray Train worker after a mid-epoch checkpoint;
 * ``data_worker_kill``   SIGKILL the process running a Ray Data task mid-epoch;
-* ``mlflow_outage``      SIGKILL the MLflow server mid-run, start it again seconds later.
+* ``feed_service_kill``  SIGKILL the job's feed service actor (the one that runs the passes) mid-epoch;
+* ``mlflow_outage``      SIGKILL the MLflow server mid-run, start it again seconds later;
+* ``node_removal``       remove the second node of a two-node ``ray.cluster_utils.Cluster`` mid-run
+                         (simulated: both "nodes" share this machine; on real nodes the removed
+                         node's data in the object store is lost too, which Ray rebuilds by lineage).
 
 Samples lost and trained twice are counted per epoch from the epoch-end
 checkpoints (every batch each epoch trained, by content digest), so a replayed
@@ -39,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "platform"), str(ROOT / "tests" / "chaos"), str(ROOT / "tests")]
 
 FUZZ_TESTS = ["tests/ingest/test_fuzz_criteo.py", "tests/ingest/test_fuzz_parquet.py", "tests/test_config_fuzz.py"]
-SCENARIOS = ["train_worker_kill", "data_worker_kill", "mlflow_outage"]
+SCENARIOS = ["train_worker_kill", "data_worker_kill", "feed_service_kill", "mlflow_outage"]
 
 
 def cpu_report() -> dict[str, Any]:
@@ -59,31 +63,49 @@ def cpu_report() -> dict[str, Any]:
 
 def run_scenarios(seeds: list[int], workdir: Path) -> list[dict[str, Any]]:
     import ray
+    from ray.cluster_utils import Cluster
     from ray.data import DataContext
 
     import scenarios
 
+    rows: list[dict[str, Any]] = []
     ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     DataContext.get_current().enable_progress_bars = False
-    rows = []
     try:
         for seed in seeds:
             for name in SCENARIOS:
-                started = time.time()
-                out = getattr(scenarios, name)(Path(tempfile.mkdtemp(prefix=f"{name}-{seed}-", dir=workdir)), seed)
-                row = {"scenario": name, "seed": seed, "faults_injected": out.faults_injected,
-                       "completed": out.completed, "crashed": out.crashed, "samples_lost": out.samples_lost,
-                       "samples_duplicated": out.samples_duplicated, "survived": out.survived,
-                       "error": out.error, "wall_s": round(time.time() - started, 1), "details": out.details}
-                if name == "mlflow_outage" and not out.details.get("metrics_complete", False):
-                    row["survived"] = False
-                rows.append(row)
-                print(f"  {name:<18} seed {seed:>3}: {'survived' if row['survived'] else 'FAILED':<8} "
-                      f"faults {out.faults_injected}, lost {out.samples_lost}, twice {out.samples_duplicated}"
-                      f"{', ' + out.error if out.error else ''} ({row['wall_s']} s)", flush=True)
+                rows.append(_scenario(name, seed, workdir, lambda root, s, n=name: getattr(scenarios, n)(root, s)))
     finally:
         ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:
+        for seed in seeds:
+            cluster.add_node(num_cpus=2)
+            cluster.wait_for_nodes()
+            if not ray.is_initialized():
+                ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+                DataContext.get_current().enable_progress_bars = False
+            rows.append(_scenario("node_removal", seed, workdir,
+                                  lambda root, s: scenarios.node_removal(cluster, root, s)))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
     return rows
+
+
+def _scenario(name: str, seed: int, workdir: Path, run: Any) -> dict[str, Any]:
+    started = time.time()
+    out = run(Path(tempfile.mkdtemp(prefix=f"{name}-{seed}-", dir=workdir)), seed)
+    row = {"scenario": name, "seed": seed, "faults_injected": out.faults_injected,
+           "completed": out.completed, "crashed": out.crashed, "samples_lost": out.samples_lost,
+           "samples_duplicated": out.samples_duplicated, "survived": out.survived and out.faults_injected > 0,
+           "error": out.error, "wall_s": round(time.time() - started, 1), "details": out.details}
+    if name == "mlflow_outage" and not out.details.get("metrics_complete", False):
+        row["survived"] = False
+    print(f"  {name:<18} seed {seed:>3}: {'survived' if row['survived'] else 'FAILED':<8} "
+          f"faults {out.faults_injected}, lost {out.samples_lost}, twice {out.samples_duplicated}"
+          f"{', ' + out.error if out.error else ''} ({row['wall_s']} s)", flush=True)
+    return row
 
 
 def run_fuzz(quick: bool) -> dict[str, Any]:

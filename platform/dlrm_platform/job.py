@@ -163,6 +163,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
     runs_dir = job.tracking.runs_dir.resolve()
     quarantine_dir = runs_dir / "quarantine" / run_id
     status = "FAILED"
+    tracking = _TrackingAtEnd(tracking_uri)
     try:
         with ray_session(job.ray, verbose=verbose):
             _quiet_ray_data(verbose)
@@ -190,7 +191,8 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
                         cache_dir=str(job.ingest.cache.spill_dir or runs_dir / "epoch_cache"),
                     )
             finally:
-                _log_tuner(tuner_handle, client, run_id)
+                if tracking.answers():
+                    _log_tuner(tuner_handle, client, run_id)
         quarantined = count_quarantined(quarantine_dir) if quarantine_dir.exists() else {}
         summary = JobSummary(
             job=job.name,
@@ -212,8 +214,15 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             epoch_cache=dict(result.feed.get("caches", {})),
             feed=dict(result.feed_service),
             log_file=str(run_log.path) if run_log is not None else None,
-            mlflow_run_url=_run_url(tracking_uri, run_id, client),
+            mlflow_run_url=_run_url(tracking_uri, run_id, client) if tracking.answers() else None,
         )
+        if not tracking.answers():  # trained and checkpointed: the job succeeded, its MLflow record is short
+            stage.warning("MLflow at %s did not answer within %.0f s: the run's summary metrics, tuner decisions and "
+                          "model are not in MLflow run %s (the summary is below and in the run log; the model's "
+                          "checkpoint is %s)", redact_text(tracking_uri), _TrackingAtEnd.WAIT_S, run_id,
+                          summary.checkpoint_path)
+            status = "FINISHED"
+            return summary
         _log_summary(client, run_id, summary, quarantined)
         if job.tracking.log_model:  # the pyfunc model a user loads for inference (train/export.py)
             from dlrm_platform.train.export import log_job_model
@@ -226,7 +235,34 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
         status = "KILLED"
         raise
     finally:
-        client.set_terminated(run_id, status=status)
+        if tracking.answers():
+            client.set_terminated(run_id, status=status)
+
+
+class _TrackingAtEnd:
+    """Whether the MLflow server answers when the job's results are due, asked once (waiting up to ``WAIT_S``).
+
+    Training does not need the server (its workers buffer through an outage,
+    ``train/mlflow_logger.py``); the driver's last writes do. A server that stays
+    away costs the job its MLflow record, not its result.
+    """
+
+    WAIT_S = 120.0
+
+    def __init__(self, tracking_uri: str) -> None:
+        self._uri = tracking_uri
+        self._answers: bool | None = None
+
+    def answers(self) -> bool:
+        from dlrm_platform import mlflow_run
+
+        if self._answers is None:
+            self._answers = mlflow_run.server_answers(self._uri)
+            if not self._answers:
+                stage.warning("MLflow at %s is not answering; waiting up to %.0f s to log the run's results",
+                              redact_text(self._uri), self.WAIT_S)
+                self._answers = mlflow_run.wait_for_server(self._uri, self.WAIT_S)
+        return self._answers
 
 
 def starved_cpu_advice(job: JobConfig, budget: Any) -> str:

@@ -106,6 +106,41 @@ def _log_config(client: Any, run_id: str, job: JobConfig, config_source: str | N
                      + [RunTag("mlflow.note.content", f"dlrm-platform job `{job.name}`")])
 
 
+def server_answers(tracking_uri: str, timeout_s: float = 5.0) -> bool:
+    """Whether the tracking server answers its ``/health`` endpoint (a local store always does).
+
+    One short request, no retries: MLflow's client retries a refused connection
+    for about two minutes per call, which would stall a job's end for each call.
+    """
+    if not tracking_uri.startswith(("http://", "https://")):
+        return True
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(tracking_uri)
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
+    url = f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}/health"  # no credentials in it
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - http(s) only, above
+            return 200 <= response.status < 300
+    except Exception:  # noqa: BLE001 - refused, reset, timed out, 5xx: not answering
+        return False
+
+
+def wait_for_server(tracking_uri: str, timeout_s: float, interval_s: float = 5.0) -> bool:
+    """Poll :func:`server_answers` until it does or ``timeout_s`` passes; whether it answered."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if server_answers(tracking_uri):
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(interval_s, left))
+
+
 def run_url(tracking_uri: str, run_id: str, experiment_id: str | None = None) -> str | None:
     """A browser URL for the run when the store is an HTTP server."""
     if not tracking_uri.startswith(("http://", "https://")):

@@ -217,6 +217,61 @@ def data_worker_kill(root: Path, seed: int, batches: int = 40) -> Outcome:
     return out
 
 
+def feed_service_kill(root: Path, seed: int, batches: int = 40) -> Outcome:
+    """SIGKILL the job's feed service actor mid-epoch: Ray restarts it, the trainers restart from their last
+    checkpoint (``train.max_failures``), and every batch is still trained once per epoch."""
+    sched = FaultSchedule(seed)
+    train, eval_ = packed_batches(batches, seed), packed_batches(4, seed + 1)
+    storage = root / "ray"
+    cfg = job(root)
+    steps = cfg.train.epochs * batches // cfg.train.num_workers
+    target = sched.pick(cfg.train.checkpoint_every_steps + 1, steps - 2 * cfg.train.checkpoint_every_steps)
+    thread, box = _train_in_background(cfg, datasets(train, eval_), storage)
+    out = Outcome("feed_service_kill")
+    try:
+        wait_for(f"a checkpoint at global step >= {target}",
+                 lambda: _latest_step(storage) >= target or not thread.is_alive(), 300)
+        services = processes("ray::FeedService")
+        if thread.is_alive() and services:
+            pid = sched.choice(services)
+            if kill(pid):
+                sched.record("kill_feed_service", pid=pid, after_checkpoint_step=_latest_step(storage))
+    finally:
+        out = _finish(out, thread, box, storage, train, cfg.train.epochs)
+    out.faults_injected = len(sched.injected)
+    out.details.update(schedule=sched.injected, target_step=target)
+    return out
+
+
+def node_removal(cluster: Any, root: Path, seed: int, batches: int = 40) -> Outcome:
+    """Remove the non-head node of a multi-node ``ray.cluster_utils.Cluster`` mid-run (its raylet and every
+    process on it die, as when a machine goes): the job completes on the nodes left, every batch once per epoch.
+
+    ``cluster``: connected (``ray.init(address=cluster.address)``), with at least one node besides the head.
+    """
+    sched = FaultSchedule(seed)
+    train, eval_ = packed_batches(batches, seed), packed_batches(4, seed + 1)
+    storage = root / "ray"
+    cfg = job(root)
+    steps = cfg.train.epochs * batches // cfg.train.num_workers
+    target = sched.pick(cfg.train.checkpoint_every_steps + 1, steps - 2 * cfg.train.checkpoint_every_steps)
+    victims = list(cluster.worker_nodes)
+    thread, box = _train_in_background(cfg, datasets(train, eval_), storage)
+    out = Outcome("node_removal")
+    try:
+        wait_for(f"a checkpoint at global step >= {target}",
+                 lambda: _latest_step(storage) >= target or not thread.is_alive(), 300)
+        if thread.is_alive() and victims:
+            node = sched.choice(victims)
+            cluster.remove_node(node, allow_graceful=False)
+            sched.record("remove_node", node=getattr(node, "unique_id", "?"), after_checkpoint_step=_latest_step(storage))
+    finally:
+        out = _finish(out, thread, box, storage, train, cfg.train.epochs)
+    out.faults_injected = len(sched.injected)
+    out.details.update(schedule=sched.injected, target_step=target)
+    return out
+
+
 def mlflow_outage(root: Path, seed: int, batches: int = 60, outage_s: float = 4.0) -> Outcome:
     """Stop the MLflow server (SIGKILL, its whole process group) mid-run and start it again ``outage_s`` later:
     training goes on meanwhile, and every step's metrics reach the run exactly once."""

@@ -37,6 +37,14 @@ def test_killed_data_task_loses_and_repeats_nothing(chaos_cluster, tmp_path, see
     assert (out.samples_lost, out.samples_duplicated) == (0, 0), out.details
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_killed_feed_service_is_restarted_and_the_job_resumes_exactly_once(chaos_cluster, tmp_path, seed):
+    out = scenarios.feed_service_kill(tmp_path, seed)
+    assert out.faults_injected == 1, out
+    assert out.completed and not out.crashed, out.error
+    assert (out.samples_lost, out.samples_duplicated) == (0, 0), out.details
+
+
 def test_mlflow_outage_mid_run_buffers_and_flushes_every_metric(chaos_cluster, tmp_path):
     out = scenarios.mlflow_outage(tmp_path, seed=SEEDS[0])
     assert out.faults_injected == 1, out

@@ -294,6 +294,11 @@ def start_feed_service(datasets: dict[str, Any], *, consumers: int, ahead: Seque
     actor = ray.remote(FeedService).options(
         name=name,
         num_cpus=0,
+        # Killed (its process or node gone), Ray starts it again with the same datasets; the workers' calls in
+        # flight are retried there and find their passes gone, so Ray Train restarts the group from its last
+        # checkpoint, whose data position makes the resumed epochs exactly-once (tests/chaos).
+        max_restarts=-1,
+        max_task_retries=-1,
         # Each worker holds at most one take() and one open(); +2 for describe() and the ahead thread's peers.
         max_concurrency=2 * max(1, consumers) + 2,
         scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
