@@ -17,11 +17,20 @@ class FlakyClient:
         self.logged: list[tuple[str, int, float]] = []
         self.attempts = 0
 
+        self.commit_then_fail = False  # the server stores the request, then dies before it answers
+
     def log_batch(self, run_id: str, metrics: list) -> None:
         self.attempts += 1
         if self.down.is_set():
             raise ConnectionError("connection refused")
         self.logged.extend((m.key, m.step, m.value) for m in metrics)
+        self._raw = getattr(self, "_raw", []) + list(metrics)
+        if self.commit_then_fail:
+            self.commit_then_fail = False
+            raise ConnectionError("connection reset")
+
+    def get_metric_history(self, run_id: str, key: str) -> list:
+        return [m for m in getattr(self, "_raw", []) if m.key == key]
 
 
 def _tracker(client: FlakyClient, **kw) -> MlflowTracker:
@@ -74,3 +83,15 @@ def test_metrics_the_server_never_took_are_reported_by_name_and_steps(caplog):
     assert (lost.first_step, lost.last_step) == (1, 40)
     assert "lost 80 metrics of steps 1-40 (loss x40, samples_per_s x40)" in caplog.text
     assert client.logged == []
+
+
+def test_a_request_the_server_stored_before_dying_is_not_logged_twice():
+    client = FlakyClient()
+    t = _tracker(client, flush_wait_s=0.3)
+    for step in range(1, 6):
+        t.log_step(step, {"loss": float(step)})
+    client.commit_then_fail = True  # stored, but the answer never came: the sender retries
+    t.flush()
+    t.log_step(6, {"loss": 6.0})
+    assert t.close(timeout_s=10).total == 0
+    assert client.logged == [("loss", s, float(s)) for s in range(1, 7)]  # each once

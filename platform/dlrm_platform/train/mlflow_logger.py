@@ -164,7 +164,10 @@ class MlflowTracker(NullTracker):
                     return
                 ticket = self._requested
                 batch = list(self._pending)
+                resend = self._failing_since is not None
             try:
+                if resend:  # a request the server took before it went away must not be logged twice
+                    batch = self._not_yet_logged(batch)
                 for i in range(0, len(batch), _MAX_METRICS_PER_BATCH):
                     self._client.log_batch(self._run_id, metrics=batch[i : i + _MAX_METRICS_PER_BATCH])
                     with self._cond:  # sent: out of the buffer (the overflow may have dropped some meanwhile)
@@ -188,6 +191,21 @@ class MlflowTracker(NullTracker):
                 backoff = 0.5
                 self._served = max(self._served, ticket)
                 self._cond.notify_all()
+
+    def _not_yet_logged(self, batch: list) -> list:
+        """``batch`` less the points the server already holds (same key, step, timestamp and value)."""
+        if not batch:
+            return batch
+        first = min(m.step for m in batch)
+        held = set()
+        for key in {m.key for m in batch}:
+            held.update((key, h.step, h.timestamp, h.value) for h in self._client.get_metric_history(self._run_id, key)
+                        if h.step >= first)
+        logged = [m for m in batch if (m.key, m.step, m.timestamp, m.value) in held]
+        if logged:
+            with self._cond:
+                self._drop_sent(logged)
+        return [m for m in batch if (m.key, m.step, m.timestamp, m.value) not in held]
 
     def _drop_sent(self, sent: list) -> None:
         ids = {id(m) for m in sent}
