@@ -76,7 +76,7 @@ def _drain(service, name, epoch, rank, gen, job="") -> list:
             return got
         if isinstance(item, str):
             continue
-        got.append(item) if isinstance(item, Step) else got.extend(b.ref for b in item)
+        got.extend(item) if item and isinstance(item[0], Step) else got.extend(b.ref for b in item)
 
 
 def _run_workers(service, ranks, job="", name="train", epoch=0) -> dict[int, list]:
@@ -286,12 +286,16 @@ def test_steps_mode_on_a_shared_stream_deals_each_job_its_own_steps():
     service = FeedService({"train": ds}, retain_bytes=1 << 20, sample_counts=_counts)
     service.attach("a", consumers=2, step_samples=32)
     service.attach("b", consumers=1)
-    rb: dict[int, list] = {}
-    gen_b = service.open("train", 0, 0, "b")  # both jobs read the pass at the same time
-    reader = threading.Thread(target=lambda: rb.setdefault(0, _drain(service, "train", 0, 0, gen_b, "b")))
-    reader.start()
-    ra = _run_workers(service, [0, 1], job="a")
-    reader.join(20)
+    gens = {("a", 0): service.open("train", 0, 0, "a"), ("a", 1): service.open("train", 0, 1, "a"),
+            ("b", 0): service.open("train", 0, 0, "b")}  # both jobs read the pass at the same time
+    got: dict[tuple[str, int], list] = {}
+    threads = [threading.Thread(target=lambda k=k, g=g: got.setdefault(k, _drain(service, "train", 0, k[1], g, k[0])))
+               for k, g in gens.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    ra, rb = {r: got[("a", r)] for r in (0, 1)}, {0: got[("b", 0)]}
     total = sum(_samples(f"train-x1-b{i}", r) for i in range(20) for r in range(4))
     assert sum(s.samples for r in ra.values() for s in r) == total
     assert sorted(rb[0]) == sorted(f"train-x1-b{i}" for i in range(20))

@@ -174,8 +174,11 @@ class _Pass:
     unbalanced: int = 0  # hand-outs that gave up waiting for the others (see FeedService._may_take)
     joined_late: bool = False  # the stream had produced blocks before this pass joined it
     # steps mode: samples not dealt yet, and each rank's dealt steps
-    pool: deque[list] = field(default_factory=deque)  # [BlockRef, row, lo, hi]
-    pool_samples: int = 0
+    pool: deque[list] = field(default_factory=deque)  # [BlockRef, row, lo, hi]: batches of another size, or cut
+    whole: deque[list] = field(default_factory=deque)  # [BlockRef, row, 0, size]: batches of exactly the step size
+    pool_samples: int = 0  # in pool and whole
+    rest_samples: int = 0  # in pool
+    recut_steps: int = 0  # per-rank batches joined from pieces (the others are the pipeline's batches as they are)
     ready: dict[int, deque[Step]] = field(default_factory=dict)
     steps: int = 0
     uneven_steps: int = 0
@@ -188,7 +191,7 @@ class _Pass:
             "first_block_s": _round(s.first_block_s), "produced_s": _round(s.produced_s),
             "first_open_s": _round(self.first_open_s),
             "handed": {str(k): v for k, v in sorted(self.handed.items())}, "unbalanced": self.unbalanced,
-            "steps": self.steps, "uneven_steps": self.uneven_steps,
+            "steps": self.steps, "uneven_steps": self.uneven_steps, "recut": self.recut_steps,
             "shared": len(s.jobs) > 1, "paid": bool(s.jobs) and s.jobs[0] == self.job,
             "joined_late": self.joined_late, "cpu_s": round(s.cpu_s, 3),
             "error": repr(s.error) if s.error is not None else None,
@@ -361,7 +364,7 @@ class FeedService:
 
     def take(self, name: str, epoch: int, generation: int, rank: int, timeout_s: float = 2.0,
              job: str = DEFAULT_JOB) -> Any:
-        """The next blocks of the pass (a list of :class:`BlockRef`, or a :class:`Step` in steps mode),
+        """The next blocks of the pass (a list of :class:`BlockRef`; in steps mode a list of :class:`Step`),
         None at its end, or ``"retry"``."""
         key = (job, name, int(epoch))
         deadline = time.monotonic() + timeout_s
@@ -377,11 +380,11 @@ class FeedService:
                 info.seen = time.monotonic()
                 s = p.stream
                 if info.step_samples:
-                    step = self._next_step(p, rank, info)
-                    if step is not None:
-                        p.handed[rank] = p.handed.get(rank, 0) + step.samples
-                        return step
-                    exhausted = s.done and p.cursor == s.end and not p.pool
+                    steps = self._next_steps(p, rank, info)
+                    if steps:
+                        p.handed[rank] = p.handed.get(rank, 0) + sum(x.samples for x in steps)
+                        return steps
+                    exhausted = s.done and p.cursor == s.end and not p.pool and not p.whole
                 elif p.cursor < s.end and self._may_take(p, rank, info.consumers):
                     bundle = s.bundles[p.cursor - s.base]
                     p.cursor += 1
@@ -425,11 +428,16 @@ class FeedService:
             return True
         return False
 
-    def _next_step(self, p: _Pass, rank: int, info: _Job) -> Step | None:
-        """``rank``'s next step (steps mode), dealing a new step to every rank when it has none."""
+    def _next_steps(self, p: _Pass, rank: int, info: _Job, most: int = 8) -> list[Step]:
+        """``rank``'s next steps (steps mode; up to ``most`` per call: one actor call per step would cost more
+        than the step), dealing new steps to every rank while the stream has the samples."""
         queue = p.ready.setdefault(rank, deque())
-        if queue:
-            return queue.popleft()
+        while len(queue) < most and self._deal(p, info):
+            pass
+        return [queue.popleft() for _ in range(min(most, len(queue)))]
+
+    def _deal(self, p: _Pass, info: _Job) -> bool:
+        """Deal one step to every rank from what the stream has produced; False when it cannot yet."""
         n, size, s = info.consumers, info.step_samples or 1, p.stream
         while p.pool_samples < n * size and p.cursor < s.end:  # read what the stream has, up to one step
             bundle = s.bundles[p.cursor - s.base]
@@ -439,8 +447,9 @@ class FeedService:
             for block, counts in zip(bundle.blocks, bundle.counts, strict=True):
                 for row, samples in enumerate(counts):
                     if samples > 0:
-                        p.pool.append([block, row, 0, samples])
+                        (p.whole if samples == size else p.pool).append([block, row, 0, samples])
                         p.pool_samples += samples
+                        p.rest_samples += 0 if samples == size else samples
             self._release(s)
             self._lock.notify_all()
         if p.pool_samples >= n * size:
@@ -450,23 +459,36 @@ class FeedService:
             sizes = [q + (1 if i < r else 0) for i in range(n)]
             p.uneven_steps += int(r > 0)
         else:
-            return None
+            return False
         for i, want in enumerate(sizes):
-            pieces = []
-            while want > 0:
-                entry = p.pool[0]
-                block, row, lo, hi = entry
-                cut = min(hi, lo + want)
-                pieces.append(Piece(block, row, lo, cut))
-                want -= cut - lo
-                p.pool_samples -= cut - lo
-                if cut == hi:
-                    p.pool.popleft()
-                else:
-                    entry[2] = cut
-            p.ready.setdefault(i, deque()).append(Step(tuple(pieces), sizes[i]))
+            if want == size and p.whole and p.rest_samples < size:  # a pipeline batch of the step's size: as is
+                block, row, lo, hi = p.whole.popleft()
+                pieces = [Piece(block, row, lo, hi)]
+                p.pool_samples -= size
+            else:  # re-cut: the short batches first (they never pile up past one step), then whole ones
+                pieces = []
+                while want > 0:
+                    source = p.pool if p.pool else p.whole
+                    entry = source[0]
+                    block, row, lo, hi = entry
+                    cut = min(hi, lo + want)
+                    pieces.append(Piece(block, row, lo, cut))
+                    want -= cut - lo
+                    p.pool_samples -= cut - lo
+                    if source is p.pool:
+                        p.rest_samples -= cut - lo
+                    if cut == hi:
+                        source.popleft()
+                    else:
+                        entry[2] = cut
+                        if source is p.whole:  # what is left of a cut whole batch is a short one now
+                            p.pool.append(source.popleft())
+                            p.rest_samples += hi - cut
+                p.recut_steps += 1
+            if sizes[i]:
+                p.ready.setdefault(i, deque()).append(Step(tuple(pieces), sizes[i]))
         p.steps += 1
-        return queue.popleft() if queue else None
+        return True
 
     def describe(self, job: str = DEFAULT_JOB) -> dict[str, Any]:
         """``job``'s passes (latest generation), and whether it was served from shared streams, for its summary."""
@@ -513,6 +535,7 @@ class FeedService:
         if p.stream.readers.get(p.job) is p:
             del p.stream.readers[p.job]
         p.pool.clear()
+        p.whole.clear()
         p.ready.clear()
         self._release(p.stream)
 
@@ -756,8 +779,8 @@ class FeedClient:
             pending = self.service.take.remote(self.name, epoch, generation, self.rank, job=self.job)
             if isinstance(blocks, str):  # _RETRY: nothing yet
                 continue
-            if isinstance(blocks, Step):
-                yield step_table(blocks, ray.get)
+            if blocks and isinstance(blocks[0], Step):
+                yield from step_tables(blocks, ray.get)
                 continue
             tables = ray.get([b.ref for b in blocks])
             for b, table in zip(blocks, tables, strict=True):
@@ -767,19 +790,27 @@ class FeedClient:
                     yield table.slice(i, 1)
 
 
-def step_table(step: Step, get: Callable[[list], list]) -> pa.Table:
-    """A :class:`Step`'s pieces fetched (``get``: ``ray.get``) and joined into one packed row."""
+def step_tables(steps: Sequence[Step], get: Callable[[list], list]) -> list[pa.Table]:
+    """Each :class:`Step`'s pieces joined into one packed row; their blocks fetched at once (``get``: ``ray.get``)."""
     from dlrm_platform.ingest.batching import concat_packed
 
-    refs = list({_ref_key(p.block.ref): p.block.ref for p in step.pieces}.values())
+    refs = list({_ref_key(p.block.ref): p.block.ref for step in steps for p in step.pieces}.values())
     fetched = dict(zip((_ref_key(r) for r in refs), get(refs), strict=True))
-    parts = []
-    for p in step.pieces:
-        table = fetched[_ref_key(p.block.ref)]
-        if p.block.start is not None:
-            table = table.slice(p.block.start, p.block.end - p.block.start)
-        parts.append((table.slice(p.row, 1), p.lo, p.hi))
-    return concat_packed(parts)
+    out = []
+    for step in steps:
+        parts = []
+        for p in step.pieces:
+            table = fetched[_ref_key(p.block.ref)]
+            if p.block.start is not None:
+                table = table.slice(p.block.start, p.block.end - p.block.start)
+            parts.append((table.slice(p.row, 1), p.lo, p.hi))
+        out.append(concat_packed(parts))
+    return out
+
+
+def step_table(step: Step, get: Callable[[list], list]) -> pa.Table:
+    """One :class:`Step` as a packed row (see :func:`step_tables`)."""
+    return step_tables([step], get)[0]
 
 
 def _ref_key(ref: Any) -> Any:
