@@ -639,13 +639,29 @@ _count_task = None
 
 
 def _ray_sample_counts(blocks: list[BlockRef]) -> list[list[int]]:
-    """Samples of each packed row of each block, read by a zero-CPU task where the block lives."""
+    """Samples of each packed row of each block: read here when the block is on this node (zero-copy from the
+    object store), else by a zero-CPU task where it lives (no block crosses the network for its counts)."""
     import ray
+    from ray.experimental import get_object_locations
 
     global _count_task
-    if _count_task is None:
-        _count_task = ray.remote(num_cpus=0)(_count_samples)
-    return ray.get([_count_task.remote(b.ref, b.start, b.end) for b in blocks])
+    here = ray.get_runtime_context().get_node_id()
+    try:
+        where = get_object_locations([b.ref for b in blocks])
+    except Exception:  # noqa: BLE001 - no location: let a task find it
+        where = {}
+    out: list[Any] = []
+    for b in blocks:
+        if here in (where.get(b.ref) or {}).get("node_ids", []):
+            out.append(_count_samples(ray.get(b.ref), b.start, b.end))
+        else:
+            if _count_task is None:
+                _count_task = ray.remote(num_cpus=0)(_count_samples)
+            out.append(_count_task.remote(b.ref, b.start, b.end))
+    pending = [i for i, x in enumerate(out) if not isinstance(x, list)]
+    for i, counts in zip(pending, ray.get([out[i] for i in pending]), strict=True):
+        out[i] = counts
+    return out
 
 
 def start_feed_service(datasets: dict[str, Any], *, consumers: int, ahead: Sequence[PassKey],

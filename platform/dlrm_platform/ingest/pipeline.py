@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -150,7 +151,10 @@ def execution_options(budget: CpuBudget) -> ExecutionOptions:
     runs raises the limit and gets work at once, without restarting anything.
     """
     if budget.elastic:
-        return ExecutionOptions(exclude_resources=ExecutionResources(cpu=max(0.0, budget.total - budget.data)))
+        # Deprecated in Ray 2.60 in favour of label_selector (node labels), which ray.placement does not use yet.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ExecutionOptions(exclude_resources=ExecutionResources(cpu=max(0.0, budget.total - budget.data)))
     return ExecutionOptions(resource_limits=ExecutionResources(cpu=budget.data))
 
 
