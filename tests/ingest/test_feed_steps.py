@@ -229,13 +229,14 @@ def test_a_job_joining_late_reads_the_same_stream_from_its_start():
         if isinstance(item, list):
             early.extend(b.ref for b in item)
     service.attach("b", consumers=1)
+    gen_b = service.open("train", 0, 0, "b")  # joins 10 blocks into job a's pass
     results: dict[str, list] = {"a": list(early), "b": []}
 
     def a(rank, gen):
         results["a"].extend(_drain(service, "train", 0, rank, gen, "a"))
 
     def b():
-        results["b"].extend(_drain(service, "train", 0, 0, service.open("train", 0, 0, "b"), "b"))
+        results["b"].extend(_drain(service, "train", 0, 0, gen_b, "b"))
 
     threads = [threading.Thread(target=a, args=(0, gen_a0)), threading.Thread(target=a, args=(1, gen_a1)),
                threading.Thread(target=b)]
