@@ -279,8 +279,32 @@ class IngestConfig(StrictModel):
         default=None, ge=1, description="samples per block of the fused pipeline; None: ~8 batches, <= 8 MiB"
     )
     cache: EpochCacheConfig = Field(default_factory=EpochCacheConfig)
+    coordinated_reads: Literal["auto", "steps", "blocks"] = Field(
+        "auto",
+        description="how the feed service splits a pass between trainers (ingest/feed_service.py): steps = every "
+        "step gives every worker a batch of exactly batch_size samples (the pipeline's session-sized batches "
+        "re-cut; the pass's order is preserved so a resumed epoch re-cuts the same batches); blocks = whole "
+        "blocks to whichever worker asks, a worker ahead waits; auto: steps with 2 or more workers",
+    )
+    share: Literal["auto", "off"] = Field(
+        "auto",
+        description="share the feed service with concurrent jobs whose pipelines have the same fingerprint (input "
+        "files, transforms and their config): one preprocessing execution serves them all, a job that joins late "
+        "replays the pass from its start; off: the job's own service",
+    )
+    share_retain_mb: float = Field(
+        256.0, ge=0,
+        description="per pass, preprocessed blocks a shared feed service keeps after every job read them, so that a "
+        "job joining late can replay them (ephemeral: dropped when no job reads the pass)",
+    )
 
     _fusion_words = field_validator("fusion", mode="before")(_on_off)
+    _share_words = field_validator("share", mode="before")(_on_off)
+
+    def step_samples(self, num_workers: int) -> int | None:
+        """The feed service's step size (coordinated reads in steps mode), or None for blocks mode."""
+        steps = self.coordinated_reads == "steps" or (self.coordinated_reads == "auto" and num_workers > 1)
+        return self.batch_size if steps else None
 
     def table_size(self, feature: str) -> int:
         return self.hash_sizes.get(feature, self.hash_size)

@@ -115,7 +115,22 @@ def describe_feed(feed: dict) -> str:
         lead = asked - ready
         line += (f", all produced {lead:.1f} s before the trainers asked" if lead >= 0 else
                  f", trainers asked {-lead:.1f} s before its last batch (first after {first['first_block_s']:.1f} s)")
+    if first.get("steps"):
+        line += f"; equal-sized steps: {first['steps']:,} (uneven: {first.get('uneven_steps', 0)})"
+    sharing = feed.get("sharing") or {}
+    if sharing.get("served_from_shared_stream"):
+        line += f"; served from a shared stream, {sharing.get('cpu_s_saved', 0.0):.1f} CPU-s of preprocessing saved"
+    elif sharing.get("shared_streams"):
+        line += f"; its streams shared with other jobs ({sharing['shared_streams']})"
     return line
+
+
+def feed_sharing(feed: dict) -> dict[str, float]:
+    """The run's sharing figures: whether a shared stream served it, CPU-seconds saved and paid."""
+    sharing = feed.get("sharing") or {}
+    return {"feed_served_from_shared_stream": float(bool(sharing.get("served_from_shared_stream"))),
+            "feed_cpu_s_saved": float(sharing.get("cpu_s_saved", 0.0)),
+            "feed_cpu_s_paid": float(sharing.get("cpu_s_paid", 0.0))}
 
 
 def open_hint(tracking_uri: str) -> str:
@@ -338,11 +353,15 @@ def _log_summary(client, run_id: str, summary: JobSummary, quarantined: dict[str
         "wall_time_s": summary.wall_time_s,
         **{f"epoch_{e['epoch']}_data_wait_fraction": e["data_wait_fraction"] for e in summary.epochs},
         **{f"epoch_{e['epoch']}_first_batch_latency_s": e["first_batch_latency_s"] for e in summary.epochs},
+        **(feed_sharing(summary.feed) if summary.feed else {}),
     }
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
     client.log_dict(run_id, json.loads(summary.to_json()), "summary.json")
     client.set_tag(run_id, "epoch_cache", describe_cache(summary.epoch_cache, summary.epochs)[:5000])
     client.set_tag(run_id, "feed_service", describe_feed(summary.feed)[:5000])
+    if summary.feed:
+        sharing = summary.feed.get("sharing") or {}
+        client.set_tag(run_id, "feed_shared_stream", "yes" if sharing.get("served_from_shared_stream") else "no")
     if summary.feed:
         client.log_dict(run_id, summary.feed, "feed_service.json")
     if quarantined:

@@ -1,4 +1,4 @@
-"""The job's feed service: one Ray actor runs the job's dataset passes and hands every block to exactly one trainer.
+"""The feed service: one Ray actor runs dataset passes and hands every block to exactly one trainer.
 
 Why not Ray Train's ``streaming_split``. Its coordinator actor is created only
 when the training workers first ask for their shards (Ray Train V2 does that per
@@ -10,30 +10,59 @@ and epoch 0 waited for its first batch. The driver creates this service before
 the ``TorchTrainer`` and it starts the first passes at once: by the time a
 worker asks, its epoch is streaming or already done.
 
-A *pass* is one execution of a dataset, named ``(dataset, epoch)``. The service
-hands each block of a pass to whichever worker asks next, so every sample
-reaches exactly one worker once per pass; a worker more than two bundles ahead
-of the others waits for them (coordinated reads: the workers step in lockstep,
-see :mod:`dlrm_platform.train.lockstep`, and one that took more than its share
-would train alone while the others run empty steps). Protocol, per worker and
-pass::
+A *stream* is one execution of a dataset pass ``(dataset, epoch)``; a job reads
+a stream through its *pass* (its own cursor). Each block a job reads goes to
+whichever of its workers asks next, so every sample reaches exactly one worker
+of the job once per pass. Protocol, per worker and pass::
 
-    generation = open(name, epoch, rank)      starts the pass if nobody has
-    take(name, epoch, generation) -> blocks   until it returns None (the end)
+    generation = open(name, epoch, rank, job)      joins (or starts) the pass's stream
+    take(name, epoch, generation, rank, job=job)   blocks (or a Step) until None (the end)
+
+Coordinated reads (two modes, per job):
+
+* *blocks* (``step_samples`` None): a worker more than two bundles ahead of
+  the others waits for them (the workers step in lockstep, see
+  :mod:`dlrm_platform.train.lockstep`; one that took more than its share
+  would train alone while the others run empty steps). The pipeline's batches
+  are whole sessions, so their sizes still differ from worker to worker.
+* *steps* (``step_samples`` = the batch size): the service deals *steps*. It
+  knows each packed batch's sample count and cuts the stream into steps of
+  ``consumers`` batches of exactly ``step_samples`` samples each, one per worker
+  (:class:`Step`: pieces of the pipeline's batches, which the worker's
+  :class:`FeedClient` joins with :func:`~dlrm_platform.ingest.batching.concat_packed`).
+  Every step gives every worker a batch of the same size, so none waits at the
+  collective for another's (longer) step; only a pass's last step can differ,
+  by at most one sample per worker.
+
+Sharing. A service started by :func:`start_shared_feed_service` is a named,
+detached actor keyed by the pipeline's fingerprint (the epoch cache's,
+:func:`dlrm_platform.train.feed.batch_fingerprint`): a second job whose
+pipelines have the same fingerprint attaches to it instead of executing its
+own. Streams keep the blocks their readers have passed (up to
+``retain_bytes``), so a job that opens a pass late reads the same stream from
+its first block: it sees every sample of its epoch and pays no preprocessing.
+A stream whose first blocks are gone cannot be joined: the late job gets a
+stream of its own. A stream is dropped as soon as no job reads it, the service
+when no job is attached (:meth:`FeedService.detach`, or a job silent longer
+than its lease). ``describe(job)`` says whether a job was served from a shared
+stream and the CPU-seconds it saved (the producing tasks' CPU time, from the
+blocks' exec stats: the whole pipeline when fused, its last operator otherwise).
 
 Restarts. A worker that opens a pass it has already opened was restarted (Ray
-Train restarts the whole worker group after a failure): the pass starts over as
-a new generation, which the other restarted workers join when they open it;
-calls with an older generation fail. Exactly-once over a restart is the
-trainer's part: its checkpoint lists the batches trained (see
-:mod:`dlrm_platform.train.checkpoint`), and the resumed feeder skips them.
+Train restarts the whole worker group after a failure): the job's pass starts
+over as a new generation, which its other restarted workers join when they
+open it; calls with an older generation fail. The new generation replays the
+same stream when its first block is still held, else runs a new one.
+Exactly-once over a restart is the trainer's part: its checkpoint lists the
+batches trained (see :mod:`dlrm_platform.train.checkpoint`), and the resumed
+feeder skips them.
 
-Ahead. ``ahead`` passes (the first train and eval passes) start when the service
-does, one after the other, as if opened by nobody (*speculative*); opening a
-later pass of the same dataset drops them (a resumed run starts at a later
-epoch). At most ``max_ahead_bytes`` of blocks wait in the object store per pass
-before the service stops pulling (then Ray Data's own backpressure holds the
-executor).
+Ahead. ``ahead`` passes (the first train and eval passes) start when a job
+attaches, one after the other, before anyone reads them (*speculative*);
+opening a later pass of the same dataset drops those nobody reads (a resumed
+run starts at a later epoch). At most ``max_ahead_bytes`` of blocks not yet read
+by every reader wait in the object store per stream before the service stops
+pulling (then Ray Data's own backpressure holds the executor).
 
 No torch here: the actor imports only Ray Data and the ingest operators.
 """
@@ -44,19 +73,22 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["FeedClient", "FeedService", "PassKey", "start_feed_service"]
+__all__ = ["FeedClient", "FeedHeartbeat", "FeedService", "JobFeed", "PassKey", "Step", "start_feed_service",
+           "start_shared_feed_service", "stop_feed_service"]
 
 log = logging.getLogger("dlrm_platform.ingest.feed")
 
 PassKey = tuple[str, int]  # (dataset name, epoch)
 _RETRY = "retry"  # take() found nothing within its timeout: ask again (keeps actor threads free)
 _MB = 1 << 20
+NAMESPACE = "dlrm_platform"  # shared feed services live here, whatever namespace a job's driver has
+DEFAULT_JOB = ""
 
 
 @dataclass(frozen=True)
@@ -68,40 +100,109 @@ class BlockRef:
     end: int | None = None
 
 
+@dataclass(frozen=True)
+class Piece:
+    """Samples ``[lo, hi)`` of packed row ``row`` of a block (``row`` counts from the block's slice start)."""
+
+    block: BlockRef
+    row: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """One worker's batch of one step (coordinated reads, *steps* mode): pieces joined in order."""
+
+    pieces: tuple[Piece, ...]
+    samples: int
+
+
 @dataclass
-class _Pass:
-    """One generation of one pass, as the service runs it."""
+class _Bundle:
+    blocks: list[BlockRef]
+    nbytes: int
+    rows: int
+    counts: list[list[int]] | None  # samples of each packed row, per block (steps mode)
+    cpu_s: float
+
+
+@dataclass
+class _Stream:
+    """One execution of one pass, with the blocks its readers have not all passed (and some they have)."""
 
     name: str
     epoch: int
-    generation: int
-    speculative: bool
-    opened_by: set[int] = field(default_factory=set)
-    queue: deque[tuple[list[BlockRef], int, int]] = field(default_factory=deque)  # (blocks, bytes, rows)
-    ahead_bytes: int = 0
+    started_s: float
+    bundles: deque[_Bundle] = field(default_factory=deque)
+    base: int = 0  # index of bundles[0]; the ones before are released (a job cannot join from the start)
     done: bool = False
     error: BaseException | None = None
     stop: threading.Event = field(default_factory=threading.Event)
-    started_s: float = 0.0
-    first_block_s: float | None = None  # seconds from start to the first block produced
-    produced_s: float | None = None  # seconds from start to the last block produced
-    first_open_s: float | None = None  # seconds from start to the first worker's open()
+    readers: dict[str, _Pass] = field(default_factory=dict)  # job -> its pass, while it reads
+    jobs: list[str] = field(default_factory=list)  # every job that read it, first (the one that paid) first
+    cpu_s: float = 0.0
     blocks: int = 0
     rows: int = 0
     max_bundle_rows: int = 1
-    handed: dict[int, int] = field(default_factory=dict)  # rank -> rows (packed batches) handed to it
+    first_block_s: float | None = None
+    produced_s: float | None = None
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.bundles)
+
+    def bytes_from(self, index: int) -> int:
+        return sum(b.nbytes for b in list(self.bundles)[max(0, index - self.base):])
+
+
+@dataclass
+class _Pass:
+    """One job's reading of a stream (one generation)."""
+
+    job: str
+    name: str
+    epoch: int
+    generation: int
+    stream: _Stream
+    started_s: float
+    cursor: int = 0
+    opened_by: set[int] = field(default_factory=set)
+    first_open_s: float | None = None
+    handed: dict[int, int] = field(default_factory=dict)  # rank -> packed batches (blocks) or samples (steps)
     balance_since: dict[int, float] = field(default_factory=dict)  # rank -> since when it waits for the others
     unbalanced: int = 0  # hand-outs that gave up waiting for the others (see FeedService._may_take)
+    joined_late: bool = False  # the stream had produced blocks before this pass joined it
+    # steps mode: samples not dealt yet, and each rank's dealt steps
+    pool: deque[list] = field(default_factory=deque)  # [BlockRef, row, lo, hi]: batches of another size, or cut
+    whole: deque[list] = field(default_factory=deque)  # [BlockRef, row, 0, size]: batches of exactly the step size
+    pool_samples: int = 0  # in pool and whole
+    rest_samples: int = 0  # in pool
+    recut_steps: int = 0  # per-rank batches joined from pieces (the others are the pipeline's batches as they are)
+    ready: dict[int, deque[Step]] = field(default_factory=dict)
+    steps: int = 0
+    uneven_steps: int = 0
 
     def describe(self) -> dict[str, Any]:
+        s = self.stream
         return {
             "name": self.name, "epoch": self.epoch, "generation": self.generation,
-            "blocks": self.blocks, "rows": self.rows,
-            "first_block_s": _round(self.first_block_s), "produced_s": _round(self.produced_s),
+            "blocks": s.blocks, "rows": s.rows,
+            "first_block_s": _round(s.first_block_s), "produced_s": _round(s.produced_s),
             "first_open_s": _round(self.first_open_s),
             "handed": {str(k): v for k, v in sorted(self.handed.items())}, "unbalanced": self.unbalanced,
-            "error": repr(self.error) if self.error is not None else None,
+            "steps": self.steps, "uneven_steps": self.uneven_steps, "recut": self.recut_steps,
+            "shared": len(s.jobs) > 1, "paid": bool(s.jobs) and s.jobs[0] == self.job,
+            "joined_late": self.joined_late, "cpu_s": round(s.cpu_s, 3),
+            "error": repr(s.error) if s.error is not None else None,
         }
+
+
+@dataclass
+class _Job:
+    consumers: int
+    step_samples: int | None
+    seen: float
 
 
 def _round(x: float | None) -> float | None:
@@ -109,10 +210,19 @@ def _round(x: float | None) -> float | None:
 
 
 class FeedService:
-    """The actor (see the module docstring). ``datasets``: name -> ray Dataset of packed batches."""
+    """The actor (see the module docstring). ``datasets``: name -> ray Dataset of packed batches.
+
+    ``consumers``, ``step_samples`` and ``ahead`` are the default job's (``job=""``);
+    other jobs say theirs in :meth:`attach`. ``retain_bytes``: blocks kept after
+    every reader passed them, for jobs that join late (0: none, no sharing).
+    ``sample_counts(blocks) -> [[samples of each packed row] per block]`` (steps
+    mode; default: a zero-CPU Ray task next to each block reads its ``num_samples``).
+    """
 
     def __init__(self, datasets: dict[str, Any], ahead: Sequence[PassKey] = (),
-                 max_ahead_bytes: int = 256 * _MB, consumers: int = 1) -> None:
+                 max_ahead_bytes: int = 256 * _MB, consumers: int = 1, step_samples: int | None = None,
+                 retain_bytes: int = 0, sample_counts: Callable[[list[BlockRef]], list[list[int]]] | None = None,
+                 lease_s: float | None = None) -> None:
         from ray.data import DataContext
 
         if not datasets:
@@ -121,41 +231,142 @@ class FeedService:
         DataContext._set_current(first.context.copy())  # as Ray's SplitCoordinator does: this process executes them
         self._datasets = dict(datasets)
         self._max_ahead = int(max_ahead_bytes)
-        self._consumers = max(1, int(consumers))
+        self._retain = max(0, int(retain_bytes))
+        self._sample_counts = sample_counts or _ray_sample_counts
+        self._lease_s = lease_s
         self._lock = threading.Condition()
-        self._passes: dict[PassKey, _Pass] = {}
-        self._generations: dict[PassKey, int] = {}
-        self._ahead = [(str(n), int(e)) for n, e in ahead if n in self._datasets]
-        if self._ahead:
-            threading.Thread(target=self._run_ahead, name="feed-ahead", daemon=True).start()
+        self._streams: dict[PassKey, _Stream] = {}  # the joinable stream of each pass
+        self._all_streams: list[_Stream] = []
+        self._passes: dict[tuple[str, str, int], _Pass] = {}
+        self._finished: list[_Pass] = []  # passes a newer generation replaced, for describe()
+        self._generations: dict[tuple[str, str, int], int] = {}
+        self._jobs: dict[str, _Job] = {}
+        self._closing = False
+        self._attach_locked(DEFAULT_JOB, consumers, step_samples, ahead)
+        if lease_s is not None:
+            threading.Thread(target=self._reap, name="feed-lease", daemon=True).start()
+
+    # ----------------------------------------------------------------- jobs
+
+    def attach(self, job: str, consumers: int, step_samples: int | None = None,
+               ahead: Sequence[PassKey] = ()) -> int:
+        """Register ``job`` (its workers, its coordinated-reads mode) and start its ``ahead`` passes.
+
+        Returns how many jobs are attached now. Raises when the service is closing
+        (its last job detached): the caller starts a new one.
+        """
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("feed service is closing")
+            self._attach_locked(job, consumers, step_samples, ahead)
+            return len(self._jobs)
+
+    def _attach_locked(self, job: str, consumers: int, step_samples: int | None, ahead: Sequence[PassKey]) -> None:
+        self._jobs[job] = _Job(max(1, int(consumers)), int(step_samples) if step_samples else None, time.monotonic())
+        keys = [(str(n), int(e)) for n, e in ahead if n in self._datasets]
+        if keys:
+            threading.Thread(target=self._run_ahead, args=(keys,), name="feed-ahead", daemon=True).start()
+
+    def heartbeat(self, job: str) -> bool:
+        with self._lock:
+            if job in self._jobs:
+                self._jobs[job].seen = time.monotonic()
+                return True
+            return False
+
+    def detach(self, job: str) -> int:
+        """``job`` is done: it stops reading its streams. Returns the jobs left; at 0 the service closes."""
+        with self._lock:
+            self._detach_locked(job)
+            left = len([j for j in self._jobs if j != DEFAULT_JOB or self._lease_s is None])
+            if left == 0 and self._lease_s is not None:
+                self._closing = True
+            return left
+
+    def _detach_locked(self, job: str) -> None:
+        self._jobs.pop(job, None)
+        for key, p in list(self._passes.items()):
+            if key[0] == job:
+                self._leave(p)
+        self._lock.notify_all()
+
+    def _reap(self) -> None:
+        """Jobs silent longer than the lease are detached; with none left the actor exits."""
+        while True:
+            time.sleep(min(5.0, self._lease_s or 5.0))
+            with self._lock:
+                now = time.monotonic()
+                for job, info in list(self._jobs.items()):
+                    if job != DEFAULT_JOB and now - info.seen > self._lease_s:
+                        log.warning("feed: job %s silent for %.0f s: detached", job, now - info.seen)
+                        self._detach_locked(job)
+                if not [j for j in self._jobs if j != DEFAULT_JOB]:
+                    self._closing = True
+            if self._closing:
+                import ray
+
+                try:
+                    ray.kill(ray.get_runtime_context().current_actor)
+                except RuntimeError:  # not an actor (tests): nothing to end
+                    pass
+                return
+
+    def _job(self, job: str) -> _Job:
+        info = self._jobs.get(job)
+        if info is None:
+            raise KeyError(f"feed service: job {job!r} is not attached")
+        info.seen = time.monotonic()
+        return info
 
     # ----------------------------------------------------------------- workers
 
-    def open(self, name: str, epoch: int, rank: int) -> int:
-        """Join pass ``(name, epoch)`` (starting it if needed); returns its generation for :meth:`take`."""
+    def open(self, name: str, epoch: int, rank: int, job: str = DEFAULT_JOB) -> int:
+        """Join pass ``(name, epoch)`` (starting its stream if needed); returns its generation for :meth:`take`."""
         if name not in self._datasets:
             raise KeyError(f"feed service has no dataset {name!r} (has {sorted(self._datasets)})")
-        key = (name, int(epoch))
+        key = (job, name, int(epoch))
         with self._lock:
-            for other_key, other in list(self._passes.items()):  # a resumed run starts later: drop what it skips
-                if other.speculative and other_key[0] == name and other_key[1] < key[1]:
-                    self._drop(other)
+            info = self._job(job)
+            for skey, s in list(self._streams.items()):  # a resumed run starts later: drop what nobody reads
+                if skey[0] == name and skey[1] < key[2] and not s.readers and not s.jobs:
+                    self._drop_stream(s)
             p = self._passes.get(key)
             if p is not None and rank in p.opened_by:  # this rank opened it before: its worker was restarted
-                log.info("feed: %s epoch %d opened again by rank %d: the pass starts over", name, epoch, rank)
-                self._drop(p)
-                p = None
-            if p is None:
-                p = self._start(key, speculative=False)
+                log.info("feed: %s epoch %d opened again by rank %d of job %r: the pass starts over",
+                         name, epoch, rank, job)
+                old = p.stream
+                old.readers.pop(job, None)
+                self._finished.append(p)
+                p = self._join(key, info)
+                self._release(old)
+            elif p is None:
+                p = self._join(key, info)
             if p.first_open_s is None:
-                p.first_open_s = time.perf_counter() - p.started_s
-            p.speculative = False
+                p.first_open_s = time.perf_counter() - p.stream.started_s
             p.opened_by.add(rank)
             return p.generation
 
-    def take(self, name: str, epoch: int, generation: int, rank: int, timeout_s: float = 2.0) -> Any:
-        """The next blocks of the pass (a list of :class:`BlockRef`), None at its end, or ``"retry"``."""
-        key = (name, int(epoch))
+    def _join(self, key: tuple[str, str, int], info: _Job) -> _Pass:
+        job, name, epoch = key
+        s = self._streams.get((name, epoch))
+        if s is None or s.base > 0 or s.error is not None or s.stop.is_set():
+            s = self._start((name, epoch))
+        generation = self._generations.get(key, 0) + 1
+        self._generations[key] = generation
+        p = _Pass(job, name, epoch, generation, s, started_s=time.perf_counter(),
+                  joined_late=s.blocks > 0 and bool(s.jobs))
+        p.ready = {r: deque() for r in range(info.consumers)}
+        s.readers[job] = p
+        if job not in s.jobs:
+            s.jobs.append(job)
+        self._passes[key] = p
+        return p
+
+    def take(self, name: str, epoch: int, generation: int, rank: int, timeout_s: float = 2.0,
+             job: str = DEFAULT_JOB) -> Any:
+        """The next blocks of the pass (a list of :class:`BlockRef`; in steps mode a list of :class:`Step`),
+        None at its end, or ``"retry"``."""
+        key = (job, name, int(epoch))
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while True:
@@ -163,116 +374,245 @@ class FeedService:
                 if p is None or p.generation != generation:
                     raise RuntimeError(f"feed: pass {name} epoch {epoch} generation {generation} is gone "
                                        f"(a restarted worker started it over, or a resumed run skipped it)")
-                if p.queue and self._may_take(p, rank):
-                    blocks, nbytes, rows = p.queue.popleft()
-                    p.ahead_bytes -= nbytes
-                    p.handed[rank] = p.handed.get(rank, 0) + rows
+                info = self._jobs.get(job)
+                if info is None:
+                    raise RuntimeError(f"feed: job {job!r} was detached")
+                info.seen = time.monotonic()
+                s = p.stream
+                if info.step_samples:
+                    steps = self._next_steps(p, rank, info)
+                    if steps:
+                        p.handed[rank] = p.handed.get(rank, 0) + sum(x.samples for x in steps)
+                        return steps
+                    exhausted = s.done and p.cursor == s.end and not p.pool and not p.whole
+                elif p.cursor < s.end and self._may_take(p, rank, info.consumers):
+                    bundle = s.bundles[p.cursor - s.base]
+                    p.cursor += 1
+                    p.handed[rank] = p.handed.get(rank, 0) + bundle.rows
+                    self._release(s)
                     self._lock.notify_all()
-                    return blocks
-                if p.error is not None:
-                    raise p.error
-                if p.done and not p.queue:
+                    return bundle.blocks
+                else:
+                    exhausted = s.done and p.cursor == s.end
+                if s.error is not None:
+                    raise s.error
+                if exhausted:
+                    if s.readers.get(job) is p:  # done with the stream (dealt steps hold their own refs)
+                        del s.readers[job]
+                        self._release(s)
                     return None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return _RETRY
-                self._lock.wait(min(left, 0.1) if p.queue else left)  # held back by _may_take: look again soon
+                self._lock.wait(min(left, 0.1) if p.cursor < s.end else left)
 
-    def _may_take(self, p: _Pass, rank: int) -> bool:
-        """Whether ``rank`` may take the next blocks now: coordinated reads.
+    def _may_take(self, p: _Pass, rank: int, consumers: int) -> bool:
+        """Whether ``rank`` may take the next blocks now (coordinated reads, *blocks* mode).
 
-        The workers step in lockstep, so a worker that takes more than its share
-        only makes the others run empty steps while it trains alone. A worker
-        more than two bundles ahead of the one with the least waits for the
-        others: up to 60 s while some have not opened the pass yet (they are
+        A worker more than two bundles ahead of the one with the least waits for
+        the others: up to 60 s while some have not opened the pass yet (they are
         still starting), 2 s once all have (then a worker whose own read-ahead
         is full cannot hold the others up for long).
         """
-        if self._consumers == 1:
+        if consumers == 1:
             return True
-        lead = p.handed.get(rank, 0) - min(p.handed.get(r, 0) for r in range(self._consumers))
+        lead = p.handed.get(rank, 0) - min(p.handed.get(r, 0) for r in range(consumers))
         now = time.monotonic()
-        if lead < 2 * p.max_bundle_rows:
+        if lead < 2 * p.stream.max_bundle_rows:
             p.balance_since.pop(rank, None)
             return True
         since = p.balance_since.setdefault(rank, now)
-        if now - since > (2.0 if len(p.opened_by) >= self._consumers else 60.0):
+        if now - since > (2.0 if len(p.opened_by) >= consumers else 60.0):
             p.balance_since.pop(rank, None)
             p.unbalanced += 1
             return True
         return False
 
-    def describe(self) -> dict[str, Any]:
-        """Every pass run so far (latest generation), for the run's summary."""
+    def _next_steps(self, p: _Pass, rank: int, info: _Job, most: int = 8) -> list[Step]:
+        """``rank``'s next steps (steps mode; up to ``most`` per call: one actor call per step would cost more
+        than the step), dealing new steps to every rank while the stream has the samples."""
+        queue = p.ready.setdefault(rank, deque())
+        while len(queue) < most and self._deal(p, info):
+            pass
+        return [queue.popleft() for _ in range(min(most, len(queue)))]
+
+    def _deal(self, p: _Pass, info: _Job) -> bool:
+        """Deal one step to every rank from what the stream has produced; False when it cannot yet."""
+        n, size, s = info.consumers, info.step_samples or 1, p.stream
+        while p.pool_samples < n * size and p.cursor < s.end:  # read what the stream has, up to one step
+            bundle = s.bundles[p.cursor - s.base]
+            p.cursor += 1
+            if bundle.counts is None:  # produced before a job in steps mode attached
+                bundle.counts = self._sample_counts(bundle.blocks)
+            for block, counts in zip(bundle.blocks, bundle.counts, strict=True):
+                for row, samples in enumerate(counts):
+                    if samples > 0:
+                        (p.whole if samples == size else p.pool).append([block, row, 0, samples])
+                        p.pool_samples += samples
+                        p.rest_samples += 0 if samples == size else samples
+            self._release(s)
+            self._lock.notify_all()
+        if p.pool_samples >= n * size:
+            sizes = [size] * n
+        elif s.done and p.cursor == s.end and p.pool_samples > 0:  # the last step: as even as it gets
+            q, r = divmod(p.pool_samples, n)
+            sizes = [q + (1 if i < r else 0) for i in range(n)]
+            p.uneven_steps += int(r > 0)
+        else:
+            return False
+        for i, want in enumerate(sizes):
+            if want == size and p.whole and p.rest_samples < size:  # a pipeline batch of the step's size: as is
+                block, row, lo, hi = p.whole.popleft()
+                pieces = [Piece(block, row, lo, hi)]
+                p.pool_samples -= size
+            else:  # re-cut: the short batches first (they never pile up past one step), then whole ones
+                pieces = []
+                while want > 0:
+                    source = p.pool if p.pool else p.whole
+                    entry = source[0]
+                    block, row, lo, hi = entry
+                    cut = min(hi, lo + want)
+                    pieces.append(Piece(block, row, lo, cut))
+                    want -= cut - lo
+                    p.pool_samples -= cut - lo
+                    if source is p.pool:
+                        p.rest_samples -= cut - lo
+                    if cut == hi:
+                        source.popleft()
+                    else:
+                        entry[2] = cut
+                        if source is p.whole:  # what is left of a cut whole batch is a short one now
+                            p.pool.append(source.popleft())
+                            p.rest_samples += hi - cut
+                p.recut_steps += 1
+            if sizes[i]:
+                p.ready.setdefault(i, deque()).append(Step(tuple(pieces), sizes[i]))
+        p.steps += 1
+        return True
+
+    def describe(self, job: str = DEFAULT_JOB) -> dict[str, Any]:
+        """``job``'s passes (latest generation), and whether it was served from shared streams, for its summary."""
         with self._lock:
-            return {"passes": [p.describe() for p in self._passes.values()]}
+            passes = [p for k, p in self._passes.items() if k[0] == job]
+            streams = {id(p.stream): p.stream for p in passes + [q for q in self._finished if q.job == job]}
+            shared = [s for s in streams.values() if len(s.jobs) > 1]
+            saved = sum(s.cpu_s for s in streams.values() if s.jobs and s.jobs[0] != job)
+            paid = sum(s.cpu_s for s in streams.values() if s.jobs and s.jobs[0] == job)
+            return {
+                "passes": [p.describe() for p in passes],
+                "sharing": {"shared_streams": len(shared), "streams": len(streams),
+                            "served_from_shared_stream": any(s.jobs[0] != job for s in streams.values() if s.jobs),
+                            "cpu_s_saved": round(saved, 3), "cpu_s_paid": round(paid, 3),
+                            "jobs_attached": len([j for j in self._jobs if j != DEFAULT_JOB])},
+            }
 
     # ----------------------------------------------------------------- producers
 
-    def _start(self, key: PassKey, speculative: bool) -> _Pass:
-        """A new generation of ``key``, its producer thread started (call with the lock held)."""
-        generation = self._generations.get(key, 0) + 1
-        self._generations[key] = generation
-        p = _Pass(key[0], key[1], generation, speculative, started_s=time.perf_counter())
-        self._passes[key] = p
-        threading.Thread(target=self._produce, args=(p,), name=f"feed-{key[0]}-{key[1]}", daemon=True).start()
-        return p
+    def _start(self, key: PassKey) -> _Stream:
+        """A new stream of ``key``, its producer thread started (call with the lock held)."""
+        s = _Stream(key[0], key[1], started_s=time.perf_counter())
+        old = self._streams.get(key)
+        if old is not None and not old.readers:
+            self._drop_stream(old)
+        self._streams[key] = s
+        self._all_streams.append(s)
+        threading.Thread(target=self._produce, args=(s,), name=f"feed-{key[0]}-{key[1]}", daemon=True).start()
+        return s
 
-    def _drop(self, p: _Pass) -> None:
-        """Stop ``p``'s producer and forget it (call with the lock held)."""
-        if self._passes.get((p.name, p.epoch)) is p:
-            del self._passes[(p.name, p.epoch)]
-        p.stop.set()
-        p.queue.clear()
-        p.ahead_bytes = 0
+    def _drop_stream(self, s: _Stream) -> None:
+        """Stop ``s``'s producer and release its blocks (call with the lock held)."""
+        if self._streams.get((s.name, s.epoch)) is s:
+            del self._streams[(s.name, s.epoch)]
+        s.stop.set()
+        s.base = s.end
+        s.bundles.clear()
         self._lock.notify_all()
 
-    def _run_ahead(self) -> None:
+    def _leave(self, p: _Pass) -> None:
+        if self._passes.get((p.job, p.name, p.epoch)) is p:
+            del self._passes[(p.job, p.name, p.epoch)]
+            self._finished.append(p)
+        if p.stream.readers.get(p.job) is p:
+            del p.stream.readers[p.job]
+        p.pool.clear()
+        p.whole.clear()
+        p.ready.clear()
+        self._release(p.stream)
+
+    def _release(self, s: _Stream) -> None:
+        """Release the blocks every reader has passed, beyond ``retain_bytes`` (all, once nobody reads)."""
+        if not s.jobs:  # speculative: nobody has read it yet
+            return
+        if not s.readers:  # ephemeral: nobody reads it any more
+            self._drop_stream(s)
+            return
+        low = min(p.cursor for p in s.readers.values())
+        kept = sum(b.nbytes for b in list(s.bundles)[: max(0, low - s.base)])
+        while s.base < low and s.bundles and kept > self._retain:
+            kept -= s.bundles.popleft().nbytes
+            s.base += 1
+        self._lock.notify_all()
+
+    def _unread_bytes(self, s: _Stream) -> int:
+        low = min((p.cursor for p in s.readers.values()), default=s.base)
+        return s.bytes_from(low)
+
+    def _run_ahead(self, keys: list[PassKey]) -> None:
         """Start the ``ahead`` passes one after the other (each when the previous has produced its last block)."""
-        for key in self._ahead:
+        for key in keys:
             with self._lock:
-                p = self._passes.get(key) or self._start(key, speculative=True)
-                while not (p.done or p.error is not None or p.stop.is_set()):
+                s = self._streams.get(key)
+                if s is None or s.stop.is_set() or s.error is not None:
+                    s = self._start(key)
+                while not (s.done or s.error is not None or s.stop.is_set()):
                     self._lock.wait(0.2)
-                if p.stop.is_set() or p.error is not None:  # dropped (a resumed run) or failed: stop guessing
+                if s.stop.is_set() or s.error is not None:  # dropped (a resumed run) or failed: stop guessing
                     return
 
-    def _produce(self, p: _Pass) -> None:
+    def _produce(self, s: _Stream) -> None:
         try:
-            for bundle in self._datasets[p.name].iter_internal_ref_bundles():
-                if p.stop.is_set():
+            for bundle in self._datasets[s.name].iter_internal_ref_bundles():
+                if s.stop.is_set():
                     return
-                blocks, nbytes, rows = _block_refs(bundle)
+                blocks, nbytes, rows, cpu_s = _block_refs(bundle)
+                counts = self._sample_counts(blocks) if self._counts_needed() else None
                 with self._lock:
                     # Bounded ahead; the first bundle always goes in (a block larger than the bound).
-                    while p.ahead_bytes and p.ahead_bytes + nbytes > self._max_ahead and not p.stop.is_set():
+                    while not s.stop.is_set():
+                        unread = self._unread_bytes(s)
+                        if not unread or unread + nbytes <= self._max_ahead:
+                            break
                         self._lock.wait(0.2)
-                    if p.stop.is_set():
+                    if s.stop.is_set():
                         return
-                    p.queue.append((blocks, nbytes, rows))
-                    p.ahead_bytes += nbytes
-                    p.blocks += len(blocks)
-                    p.rows += rows
-                    p.max_bundle_rows = max(p.max_bundle_rows, rows)
-                    if p.first_block_s is None:
-                        p.first_block_s = time.perf_counter() - p.started_s
+                    s.bundles.append(_Bundle(blocks, nbytes, rows, counts, cpu_s))
+                    s.blocks += len(blocks)
+                    s.rows += rows
+                    s.cpu_s += cpu_s
+                    s.max_bundle_rows = max(s.max_bundle_rows, rows)
+                    if s.first_block_s is None:
+                        s.first_block_s = time.perf_counter() - s.started_s
                     self._lock.notify_all()
         except BaseException as err:  # noqa: BLE001 - handed to the workers that take from this pass
-            log.warning("feed: %s epoch %d failed: %s", p.name, p.epoch, err)
+            log.warning("feed: %s epoch %d failed: %s", s.name, s.epoch, err)
             with self._lock:
-                p.error = err
+                s.error = err
                 self._lock.notify_all()
             return
         with self._lock:
-            p.done = True
-            p.produced_s = time.perf_counter() - p.started_s
+            s.done = True
+            s.produced_s = time.perf_counter() - s.started_s
             self._lock.notify_all()
 
+    def _counts_needed(self) -> bool:
+        with self._lock:
+            return any(j.step_samples for j in self._jobs.values())
 
-def _block_refs(bundle: Any) -> tuple[list[BlockRef], int, int]:
-    """A Ray Data ``RefBundle`` as (block refs with their slices, bytes, rows)."""
+
+def _block_refs(bundle: Any) -> tuple[list[BlockRef], int, int, float]:
+    """A Ray Data ``RefBundle`` as (block refs with their slices, bytes, rows, CPU-seconds of producing them)."""
     slices = getattr(bundle, "slices", None) or (None,) * len(bundle.blocks)
-    blocks, nbytes, rows = [], 0, 0
+    blocks, nbytes, rows, cpu_s = [], 0, 0, 0.0
     for entry, piece in zip(bundle.blocks, slices, strict=True):
         meta = entry.metadata
         if piece is None:
@@ -282,12 +622,52 @@ def _block_refs(bundle: Any) -> tuple[list[BlockRef], int, int]:
             blocks.append(BlockRef(entry.ref, piece.start_offset, piece.end_offset))
             rows += piece.end_offset - piece.start_offset
         nbytes += meta.size_bytes or 0
-    return blocks, nbytes, rows
+        stats = getattr(meta, "exec_stats", None)
+        cpu_s += float(getattr(stats, "cpu_time_s", None) or 0.0)
+    return blocks, nbytes, rows, cpu_s
+
+
+def _count_samples(table: pa.Table, start: int | None, end: int | None) -> list[int]:
+    from dlrm_platform.ingest.batching import packed_num_samples
+
+    if start is not None:
+        table = table.slice(start, end - start)
+    return packed_num_samples(table)
+
+
+_count_task = None
+
+
+def _ray_sample_counts(blocks: list[BlockRef]) -> list[list[int]]:
+    """Samples of each packed row of each block: read here when the block is on this node (zero-copy from the
+    object store), else by a zero-CPU task where it lives (no block crosses the network for its counts)."""
+    import ray
+    from ray.experimental import get_object_locations
+
+    global _count_task
+    here = ray.get_runtime_context().get_node_id()
+    try:
+        where = get_object_locations([b.ref for b in blocks])
+    except Exception:  # noqa: BLE001 - no location: let a task find it
+        where = {}
+    out: list[Any] = []
+    for b in blocks:
+        if here in (where.get(b.ref) or {}).get("node_ids", []):
+            out.append(_count_samples(ray.get(b.ref), b.start, b.end))
+        else:
+            if _count_task is None:
+                _count_task = ray.remote(num_cpus=0)(_count_samples)
+            out.append(_count_task.remote(b.ref, b.start, b.end))
+    pending = [i for i, x in enumerate(out) if not isinstance(x, list)]
+    for i, counts in zip(pending, ray.get([out[i] for i in pending]), strict=True):
+        out[i] = counts
+    return out
 
 
 def start_feed_service(datasets: dict[str, Any], *, consumers: int, ahead: Sequence[PassKey],
-                       max_ahead_bytes: int = 256 * _MB, name: str | None = None) -> Any:
-    """Create the :class:`FeedService` actor on this node (no CPU: its work is Ray Data's scheduling)."""
+                       max_ahead_bytes: int = 256 * _MB, name: str | None = None,
+                       step_samples: int | None = None) -> Any:
+    """Create the job's own :class:`FeedService` actor on this node (no CPU: its work is Ray Data's scheduling)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -303,33 +683,125 @@ def start_feed_service(datasets: dict[str, Any], *, consumers: int, ahead: Seque
         max_concurrency=2 * max(1, consumers) + 2,
         scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
     )
-    return actor.remote(datasets, ahead=list(ahead), max_ahead_bytes=max_ahead_bytes, consumers=consumers)
+    return actor.remote(datasets, ahead=list(ahead), max_ahead_bytes=max_ahead_bytes, consumers=consumers,
+                        step_samples=step_samples)
+
+
+@dataclass(frozen=True)
+class JobFeed:
+    """A job's handle on a shared feed service: the actor and the job's name there (pickles into Ray Train)."""
+
+    actor: Any
+    job: str
+    shared: bool = True
+
+
+def shared_service_name(fingerprint: str) -> str:
+    return f"dlrm-feed-{fingerprint}"
+
+
+def start_shared_feed_service(datasets: dict[str, Any], *, fingerprint: str, job: str, consumers: int,
+                              ahead: Sequence[PassKey], step_samples: int | None = None,
+                              max_ahead_bytes: int = 256 * _MB, retain_bytes: int = 256 * _MB,
+                              lease_s: float = 120.0, max_jobs: int = 8, attempts: int = 20) -> JobFeed:
+    """Attach ``job`` to the feed service of ``fingerprint``, creating it (named, detached) if none runs.
+
+    The service outlives the job that created it while other jobs read from it,
+    and exits when its last job detaches (:func:`stop_feed_service`) or goes
+    silent for ``lease_s`` (a driver that died; :class:`FeedHeartbeat` keeps a live one attached).
+    """
+    import ray
+
+    for attempt in range(attempts):
+        actor = ray.remote(FeedService).options(
+            name=shared_service_name(fingerprint), namespace=NAMESPACE, get_if_exists=True,
+            lifetime="detached", num_cpus=0, max_concurrency=2 * max(1, consumers) * max_jobs + 4,
+        ).remote(datasets, max_ahead_bytes=max_ahead_bytes, consumers=1, retain_bytes=retain_bytes,
+                 lease_s=lease_s)
+        try:
+            jobs = ray.get(actor.attach.remote(job, consumers, step_samples, list(ahead)))
+        except Exception as err:  # noqa: BLE001 - closing or dead: its last job left; start a new one
+            log.info("feed: shared service %s not joinable (%s); retrying", fingerprint, err)
+            time.sleep(min(2.0, 0.2 * (attempt + 1)))
+            continue
+        log.info("feed: job %s attached to shared feed service %s (%d job(s))", job, fingerprint, jobs)
+        return JobFeed(actor, job)
+    raise RuntimeError(f"could not attach to the shared feed service {fingerprint}")
+
+
+def stop_feed_service(feed: Any) -> None:
+    """The job is done with its feed: detach from a shared service (ending it when last), kill an own one."""
+    import ray
+
+    if isinstance(feed, JobFeed):
+        try:
+            left = ray.get(feed.actor.detach.remote(feed.job), timeout=30)
+        except Exception as err:  # noqa: BLE001 - the service is gone already
+            log.info("feed: detach from the shared service failed: %s", err)
+            return
+        if left == 0:
+            ray.kill(feed.actor)
+        return
+    ray.kill(feed)
+
+
+class FeedHeartbeat:
+    """A driver thread that keeps ``feed``'s job attached to a shared service while the job runs."""
+
+    def __init__(self, feed: Any, every_s: float = 10.0) -> None:
+        self._stop = threading.Event()
+        self._thread = None
+        if isinstance(feed, JobFeed):
+            self._thread = threading.Thread(target=self._run, args=(feed, every_s), name="feed-heartbeat",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self, feed: JobFeed, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            try:
+                feed.actor.heartbeat.remote(feed.job)
+            except Exception:  # noqa: BLE001 - the service is gone: nothing to keep alive
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def _actor_and_job(service: Any) -> tuple[Any, str]:
+    if isinstance(service, JobFeed):
+        return service.actor, service.job
+    return service, DEFAULT_JOB
 
 
 class FeedClient:
     """A worker's view of one dataset of the service: ``iter_pass(epoch)`` yields its share of the pass.
 
     Yields one-row Arrow tables (one packed batch each), as
-    ``DataIterator.iter_batches(batch_size=1, batch_format="pyarrow")`` would.
-    The next ``take`` is in flight while the current blocks are yielded.
+    ``DataIterator.iter_batches(batch_size=1, batch_format="pyarrow")`` would;
+    in steps mode one table per step, joined from its pieces. ``service``: the
+    actor handle, or a :class:`JobFeed`. The next ``take`` is in flight while
+    the current blocks are yielded.
     """
 
     def __init__(self, service: Any, name: str, rank: int) -> None:
-        self.service = service
+        self.service, self.job = _actor_and_job(service)
         self.name = name
         self.rank = rank
 
     def iter_pass(self, epoch: int) -> Iterator[pa.Table]:
         import ray
 
-        generation = ray.get(self.service.open.remote(self.name, epoch, self.rank))
-        pending = self.service.take.remote(self.name, epoch, generation, self.rank)
+        generation = ray.get(self.service.open.remote(self.name, epoch, self.rank, self.job))
+        pending = self.service.take.remote(self.name, epoch, generation, self.rank, job=self.job)
         while True:
             blocks = ray.get(pending)
             if blocks is None:
                 return
-            pending = self.service.take.remote(self.name, epoch, generation, self.rank)
+            pending = self.service.take.remote(self.name, epoch, generation, self.rank, job=self.job)
             if isinstance(blocks, str):  # _RETRY: nothing yet
+                continue
+            if blocks and isinstance(blocks[0], Step):
+                yield from step_tables(blocks, ray.get)
                 continue
             tables = ray.get([b.ref for b in blocks])
             for b, table in zip(blocks, tables, strict=True):
@@ -337,3 +809,31 @@ class FeedClient:
                     table = table.slice(b.start, b.end - b.start)
                 for i in range(table.num_rows):
                     yield table.slice(i, 1)
+
+
+def step_tables(steps: Sequence[Step], get: Callable[[list], list]) -> list[pa.Table]:
+    """Each :class:`Step`'s pieces joined into one packed row; their blocks fetched at once (``get``: ``ray.get``)."""
+    from dlrm_platform.ingest.batching import concat_packed
+
+    refs = list({_ref_key(p.block.ref): p.block.ref for step in steps for p in step.pieces}.values())
+    fetched = dict(zip((_ref_key(r) for r in refs), get(refs), strict=True))
+    out = []
+    for step in steps:
+        parts = []
+        for p in step.pieces:
+            table = fetched[_ref_key(p.block.ref)]
+            if p.block.start is not None:
+                table = table.slice(p.block.start, p.block.end - p.block.start)
+            parts.append((table.slice(p.row, 1), p.lo, p.hi))
+        out.append(concat_packed(parts))
+    return out
+
+
+def step_table(step: Step, get: Callable[[list], list]) -> pa.Table:
+    """One :class:`Step` as a packed row (see :func:`step_tables`)."""
+    return step_tables([step], get)[0]
+
+
+def _ref_key(ref: Any) -> Any:
+    """An object ref's identity across pickling (its id), or the value itself (fakes in tests)."""
+    return ref.hex() if hasattr(ref, "hex") and callable(ref.hex) else ref

@@ -22,6 +22,7 @@ import functools
 import logging
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -59,6 +60,9 @@ class CpuBudget:
     total: float
     train: float
     data: float
+    # With ray.placement.data_resource and no ingest.data_cpus: Ray Data's limit follows the data nodes
+    # (data nodes added while the job runs get work; see execution_options).
+    elastic: bool = False
 
     def describe(self) -> str:
         return f"{self.total:g} CPUs: {self.train:g} for training, {self.data:g} for data"
@@ -115,7 +119,7 @@ def cpu_budget(job: JobConfig, cluster_cpus: float, nodes: list[dict] | None = N
             raise UserError(f"the data nodes (ray.placement.data_resource={job.ray.placement.data_resource!r}) have "
                             f"no CPUs left after the trainers' {train:g}; add data nodes or set "
                             "ray.placement.trainer_resource to keep trainers off them")
-        return CpuBudget(total=cluster_cpus, train=train, data=data)
+        return CpuBudget(total=cluster_cpus, train=train, data=data, elastic=job.ingest.data_cpus is None)
     data = job.ingest.data_cpus if job.ingest.data_cpus is not None else cluster_cpus - train
     if data <= 0 or train + data > cluster_cpus + 1e-9:
         raise UserError(
@@ -140,7 +144,19 @@ def cluster_cpu_budget(job: JobConfig) -> CpuBudget:
 
 
 def execution_options(budget: CpuBudget) -> ExecutionOptions:
-    """Ray Data execution options that keep the pipeline inside its CPU budget."""
+    """Ray Data execution options that keep the pipeline inside its CPU budget.
+
+    A fixed budget is a CPU limit, frozen when the job starts. An elastic one
+    (data placed on data nodes, :attr:`CpuBudget.elastic`) excludes the CPUs that are
+    not the data nodes' instead: Ray Data re-reads the cluster's size every second
+    (``ResourceManager.get_global_limits``), so a data node added while the job
+    runs raises the limit and gets work at once, without restarting anything.
+    """
+    if budget.elastic:
+        # Deprecated in Ray 2.60 in favour of label_selector (node labels), which ray.placement does not use yet.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ExecutionOptions(exclude_resources=ExecutionResources(cpu=max(0.0, budget.total - budget.data)))
     return ExecutionOptions(resource_limits=ExecutionResources(cpu=budget.data))
 
 

@@ -18,7 +18,13 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from dlrm_platform.config import JobConfig
-from dlrm_platform.ingest.feed_service import start_feed_service
+from dlrm_platform.ingest.feed_service import (
+    FeedHeartbeat,
+    JobFeed,
+    start_feed_service,
+    start_shared_feed_service,
+    stop_feed_service,
+)
 from dlrm_platform.ingest.pipeline import RESOURCE_SLIVER
 from dlrm_platform.train.loop import LoopConfig, train_loop_per_worker
 from dlrm_platform.train.result import TrainingResult
@@ -55,7 +61,9 @@ def run_training(
         raise ValueError(f"datasets must hold 'train' (and optionally 'eval'), got {sorted(datasets)}")
     train = job.train
     name = run_name or f"{job.name}-{mlflow_run_id or uuid.uuid4().hex[:8]}"
-    feed = _start_feed(job, {k: v for k, v in datasets.items() if k in ("train", "eval")}, execution_options)
+    feed = _start_feed(job, {k: v for k, v in datasets.items() if k in ("train", "eval")}, execution_options,
+                       dataset_files or {}, name)
+    heartbeat = FeedHeartbeat(feed)
     loop_config = LoopConfig(job=job, mlflow_run_id=mlflow_run_id, tracking_uri=tracking_uri,
                              has_eval="eval" in datasets,
                              dataset_files={k: [str(f) for f in v] for k, v in (dataset_files or {}).items()},
@@ -83,7 +91,8 @@ def run_training(
         result = trainer.fit()
         feed_passes = _describe_feed(feed)
     finally:
-        ray.kill(feed)
+        heartbeat.close()
+        stop_feed_service(feed)
     if result.error is not None:
         raise result.error
     if result.metrics is None:
@@ -99,22 +108,49 @@ def trainer_resources(job: JobConfig) -> dict[str, float]:
 
 
 def _start_feed(job: JobConfig, datasets: dict[str, Dataset],
-                execution_options: ExecutionOptions | dict[str, ExecutionOptions] | None) -> ray.actor.ActorHandle:
-    """The job's feed service over ``datasets``, already running the first passes (with ``ingest.read_ahead``)."""
+                execution_options: ExecutionOptions | dict[str, ExecutionOptions] | None,
+                dataset_files: dict[str, list[str]], run_name: str) -> ray.actor.ActorHandle | JobFeed:
+    """The job's feed service over ``datasets``, already running the first passes (with ``ingest.read_ahead``).
+
+    With ``ingest.share`` (and known input files) the service is the one shared by every job whose
+    pipelines have the same fingerprint (:func:`feed_fingerprint`): this job attaches to it, or creates it.
+    """
+    step_samples = job.ingest.step_samples(job.train.num_workers)
     for name, ds in datasets.items():
         options = execution_options.get(name) if isinstance(execution_options, dict) else execution_options
         if options is not None:
             ds.context.execution_options = options
+        if step_samples:  # steps are cut in stream order: the same order every run, so a resume re-cuts alike
+            ds.context.execution_options.preserve_order = True
         if ds.name is None:
             ds.set_name(name)
     # Epoch 0's passes, in the order the workers read them; resuming, the workers say where from.
     ahead = [(n, 0) for n in ("train", "eval") if n in datasets] if (
         job.ingest.read_ahead and job.train.resume_from is None) else []
-    return start_feed_service(datasets, consumers=job.train.num_workers, ahead=ahead)
+    if job.ingest.share == "auto" and all(dataset_files.get(n) for n in datasets):
+        return start_shared_feed_service(
+            datasets, fingerprint=feed_fingerprint(job, {n: dataset_files[n] for n in datasets}), job=run_name,
+            consumers=job.train.num_workers, ahead=ahead, step_samples=step_samples,
+            retain_bytes=int(job.ingest.share_retain_mb * (1 << 20)))
+    return start_feed_service(datasets, consumers=job.train.num_workers, ahead=ahead, step_samples=step_samples)
 
 
-def _describe_feed(feed: ray.actor.ActorHandle) -> dict:
+def feed_fingerprint(job: JobConfig, files: dict[str, list[str]]) -> str:
+    """What a shared feed service is keyed by: each dataset's name and the epoch cache's fingerprint of it."""
+    import hashlib
+
+    from dlrm_platform.train.feed import batch_fingerprint
+
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(f"{name}={batch_fingerprint(job, files[name])};".encode())
+    return h.hexdigest()[:16]
+
+
+def _describe_feed(feed: ray.actor.ActorHandle | JobFeed) -> dict:
     try:
+        if isinstance(feed, JobFeed):
+            return ray.get(feed.actor.describe.remote(feed.job), timeout=10)
         return ray.get(feed.describe.remote(), timeout=10)
     except Exception as err:  # noqa: BLE001 - telemetry must not fail a finished run
         log.warning("feed service did not describe its passes: %s", err)
