@@ -47,11 +47,11 @@ def ray_train_cluster():
     ray.shutdown()
 
 
-def _job(tmp_path: Path, **train) -> JobConfig:
+def _job(tmp_path: Path, ingest: dict | None = None, **train) -> JobConfig:
     return JobConfig.model_validate({
         "name": "t",
         "data": {"path": str(tmp_path), "columns": COLUMNS},
-        "ingest": {"batch_size": 64, "hash_size": HASH_SIZE, "prefetch_batches": 1},
+        "ingest": {"batch_size": 64, "hash_size": HASH_SIZE, "prefetch_batches": 1, **(ingest or {})},
         "train": {
             "num_workers": 1, "cpus_per_worker": 0.5, "epochs": 1, "embedding_dim": 8,
             "bottom_mlp": [16, 8], "top_mlp": [16, 1], "learning_rate": 0.05,
@@ -125,13 +125,18 @@ def test_one_worker_trains_every_sample_and_logs_to_mlflow(ray_train_cluster, tm
     assert client.get_metric_history(run_id, "eval_logloss")[-1].value == pytest.approx(result.logloss)
 
 
-def test_two_workers_fractional_cpus_uneven_batches(ray_train_cluster, tmp_path):
-    job = _job(tmp_path, num_workers=2, cpus_per_worker=0.5)
+@pytest.mark.parametrize("reads", ["steps", "blocks"])
+def test_two_workers_fractional_cpus_uneven_batches(ray_train_cluster, tmp_path, reads):
+    job = _job(tmp_path, ingest={"coordinated_reads": reads}, num_workers=2, cpus_per_worker=0.5)
     result = run_training(job, _datasets(), mlflow_run_id=None, tracking_uri=None,
                           storage_path=str(tmp_path / "ray"))
     _check_result(result, epochs=1)
-    # Lockstep: as many steps as the worker with the most batches, at least half of them.
-    assert math.ceil(len(TRAIN_BATCH_SIZES) / 2) <= result.steps < len(TRAIN_BATCH_SIZES)
+    if reads == "steps":
+        # Coordinated: every step gives both workers a full batch (the last one what is left, split evenly).
+        assert result.steps == math.ceil(sum(TRAIN_BATCH_SIZES) / (2 * 64))
+    else:
+        # Lockstep over whole blocks: as many steps as the worker with the most batches, at least half of them.
+        assert math.ceil(len(TRAIN_BATCH_SIZES) / 2) <= result.steps < len(TRAIN_BATCH_SIZES)
     assert sorted(p.name for p in Path(result.checkpoint_path).glob("*.distcp")) == [
         "__0_0.distcp", "__1_0.distcp"]
 
