@@ -52,11 +52,15 @@ def test_mlflow_outage_mid_run_buffers_and_flushes_every_metric(ray_cluster, tmp
 # serves whichever worker asks first), which moves the result by far less than the training itself. A resume
 # that lost the optimizer state, restarted the model from scratch, or skipped or repeated a stretch of batches
 # lands about as far off as the training moved it (ratio ~1 and above).
+# Measured (seed 7, 2026-11-23): distance 0.0 for 4.90 moved, bit-identical: the dense gradients of a step
+# are summed over the two workers (a sum of two is the same either way round) and the batches came in the
+# same order. The bound stays loose because the feed service does not promise that order under load.
 MAX_REL_DIFF = 0.5
 
 
 def test_killed_train_worker_ends_where_an_unfailed_run_from_the_same_checkpoint_does(ray_cluster, tmp_path):
     out = scenarios.train_worker_kill_vs_unfailed(tmp_path, SEEDS[0])
+    print("model comparison", {k: v for k, v in out.details.items() if k.startswith(("model", "faulted"))})
     assert out.faults_injected == 1, out
     assert out.completed and not out.crashed, out.error
     assert out.details["model_moved"] > 0, out.details  # the unfailed run trained after the checkpoint
