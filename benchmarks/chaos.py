@@ -12,7 +12,10 @@ each fault at a point drawn from its seed:
 * ``mlflow_outage``      SIGKILL the MLflow server mid-run, start it again seconds later;
 * ``node_removal``       remove the second node of a two-node ``ray.cluster_utils.Cluster`` mid-run
                          (simulated: both "nodes" share this machine; on real nodes the removed
-                         node's data in the object store is lost too, which Ray rebuilds by lineage).
+                         node's data in the object store is lost too, which Ray rebuilds by lineage);
+* ``tuner_slowdown``     one operator of a live Ray Data pipeline under the tuner (plumber) turns 10x as
+                         expensive mid-run (``tests/chaos/tuner_slowdown.py``): no stall, no OOM kill,
+                         every row once, slots moved to it (on its own 12-logical-CPU cluster).
 
 Samples lost and trained twice are counted per epoch from the epoch-end
 checkpoints (every batch each epoch trained, by content digest), so a replayed
@@ -90,6 +93,25 @@ def run_scenarios(seeds: list[int], workdir: Path) -> list[dict[str, Any]]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+    rows.extend(run_tuner_slowdown(seeds, workdir))
+    return rows
+
+
+def run_tuner_slowdown(seeds: list[int], workdir: Path) -> list[dict[str, Any]]:
+    import ray
+    from ray.data import DataContext
+
+    import tuner_slowdown as ts
+
+    rows = []
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR", **ts.CLUSTER)
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars, ctx.print_on_execution_start = False, False
+    try:
+        for seed in seeds:
+            rows.append(_scenario("tuner_slowdown", seed, workdir, ts.tuner_slowdown))
+    finally:
+        ray.shutdown()
     return rows
 
 
@@ -102,10 +124,21 @@ def _scenario(name: str, seed: int, workdir: Path, run: Any) -> dict[str, Any]:
            "error": out.error, "wall_s": round(time.time() - started, 1), "details": out.details}
     if name == "mlflow_outage" and not out.details.get("metrics_complete", False):
         row["survived"] = False
+    if name == "tuner_slowdown" and not tuner_slowdown_ok(out.details):
+        row["survived"] = False
     print(f"  {name:<18} seed {seed:>3}: {'survived' if row['survived'] else 'FAILED':<8} "
           f"faults {out.faults_injected}, lost {out.samples_lost}, twice {out.samples_duplicated}"
           f"{', ' + out.error if out.error else ''} ({row['wall_s']} s)", flush=True)
     return row
+
+
+def tuner_slowdown_ok(d: dict[str, Any]) -> bool:
+    """The same bounds as tests/chaos/test_tuner_slowdown.py."""
+    from tuner_slowdown import MAX_GAP_S
+
+    return (d.get("max_gap_s") is not None and d["max_gap_s"] <= MAX_GAP_S and d.get("oom_kills") == 0
+            and d["store_peak_bytes"] <= 0.8 * d["store_bytes"] and d.get("over_budget_ticks") == 0
+            and (d.get("slowed_slots_max_after") or 0) > (d.get("slowed_slots_at_flip") or 0))
 
 
 def run_fuzz(quick: bool) -> dict[str, Any]:

@@ -1,14 +1,24 @@
-"""Suite-wide test settings: the Hypothesis profiles of the fuzz tests (see tests/fuzzing.py)."""
+"""Suite-wide test settings: the Hypothesis profiles of the fuzz tests (see tests/fuzzing.py), and the
+one local Ray cluster per test module that the Ray-backed tests share (tests/integration, tests/chaos)."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import settings
 
 from fuzzing import CHAOS_EXAMPLES, CHAOS_PROFILE
+from testkit import local_ray
 
 # `pytest --hypothesis-profile=chaos` (or DLRM_HYPOTHESIS_PROFILE=chaos): 600+ inputs per fuzz test.
 settings.register_profile(CHAOS_PROFILE, max_examples=CHAOS_EXAMPLES, deadline=None, print_blob=True)
 if os.environ.get("DLRM_HYPOTHESIS_PROFILE"):
     settings.load_profile(os.environ["DLRM_HYPOTHESIS_PROFILE"])
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster for the module (4 logical CPUs on 2 cores: room for data and trainers)."""
+    with local_ray(num_cpus=4) as ray:
+        yield ray

@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -64,14 +63,3 @@ def kill(pid: int, sig: int = signal.SIGKILL) -> bool:
         return True
     except ProcessLookupError:
         return False
-
-
-def wait_for(what: str, probe: Callable[[], T], timeout_s: float, interval_s: float = 0.05) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")

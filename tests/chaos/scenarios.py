@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ from dlrm_platform.config import JobConfig
 from dlrm_platform.ingest.batching import pack_table, packed_digest
 from dlrm_platform.train.checkpoint import read_progress
 
-from faults import FaultSchedule, kill, processes, wait_for
+from faults import FaultSchedule, kill, processes
+from testkit import wait_for
 
 HASH_SIZE = 200
 BATCH = 64
@@ -157,91 +159,126 @@ def _finish(out: Outcome, thread: threading.Thread, box: dict[str, Any], storage
     out.completed = True
     out.samples_lost, out.samples_duplicated, checked = exactly_once(storage, batches, epochs)
     result = box["result"]
-    out.details.update(epochs_checked=checked, samples=result.samples, start_epoch=result.start_epoch)
+    out.details.update(epochs_checked=checked, samples=result.samples, start_epoch=result.start_epoch,
+                       checkpoint_path=result.checkpoint_path)
     return out
 
 
 # --------------------------------------------------------------------------- scenarios
 
 
-def train_worker_kill(root: Path, seed: int, batches: int = 40) -> Outcome:
-    """SIGKILL one Ray Train worker after a checkpoint at a seeded step: the group resumes from the checkpoint
-    with the data position, and every epoch still trains every batch exactly once."""
+def _fault_after_checkpoint(name: str, root: Path, seed: int, target_range: Callable[[JobConfig, int], tuple[int, int]],
+                            inject: Callable[[FaultSchedule, Callable[[], bool]], None],
+                            batches: int = 40) -> Outcome:
+    """The shape every process-kill scenario shares: train ``batches`` packed batches for two epochs in the
+    background, wait for a checkpoint at a global step drawn from ``target_range(cfg, steps)`` (inclusive,
+    ``steps`` the job's total), call ``inject(sched, alive)`` (it injects the fault and records it in
+    ``sched``; ``alive()`` tells whether the job still runs), and count what each epoch trained."""
     sched = FaultSchedule(seed)
     train, eval_ = packed_batches(batches, seed), packed_batches(4, seed + 1)
     storage = root / "ray"
     cfg = job(root)
     steps = cfg.train.epochs * batches // cfg.train.num_workers
-    target = sched.pick(cfg.train.checkpoint_every_steps + 1, steps - 2 * cfg.train.checkpoint_every_steps)
+    target = sched.pick(*target_range(cfg, steps))
     thread, box = _train_in_background(cfg, datasets(train, eval_), storage)
-    out = Outcome("train_worker_kill")
+    out = Outcome(name)
     try:
         wait_for(f"a checkpoint at global step >= {target}",
                  lambda: _latest_step(storage) >= target or not thread.is_alive(), 300)
-        workers = processes("ray::RayTrainWorker")
-        if thread.is_alive() and workers:
-            pid = sched.choice(workers)
-            if kill(pid):
-                sched.record("kill_train_worker", pid=pid, after_checkpoint_step=_latest_step(storage))
+        if thread.is_alive():
+            inject(sched, thread.is_alive)
     finally:
         out = _finish(out, thread, box, storage, train, cfg.train.epochs)
     out.faults_injected = len(sched.injected)
-    out.details.update(schedule=sched.injected, target_step=target)
+    out.details.update(schedule=sched.injected, target_step=target, checkpoints=str(storage))
+    return out
+
+
+def _mid_job(cfg: JobConfig, steps: int) -> tuple[int, int]:
+    """After the first checkpoint, at least two checkpoints before the end."""
+    every = cfg.train.checkpoint_every_steps
+    return every + 1, steps - 2 * every
+
+
+def _kill_one(title_prefix: str, kind: str, step: Callable[[], int]) -> Callable[[FaultSchedule, Callable[[], bool]], None]:
+    """An ``inject`` that SIGKILLs one process (seeded choice) whose title starts with ``title_prefix``."""
+    def inject(sched: FaultSchedule, alive: Callable[[], bool]) -> None:
+        pids = wait_for(f"a process {title_prefix}", lambda: processes(title_prefix) or not alive(), 60, 0.01)
+        if alive() and isinstance(pids, list):
+            pid = sched.choice(pids)
+            if kill(pid):
+                sched.record(kind, pid=pid, after_checkpoint_step=step())
+    return inject
+
+
+def train_worker_kill(root: Path, seed: int, batches: int = 40) -> Outcome:
+    """SIGKILL one Ray Train worker after a checkpoint at a seeded step: the group resumes from the checkpoint
+    with the data position, and every epoch still trains every batch exactly once."""
+    step = lambda: _latest_step(root / "ray")  # noqa: E731
+    return _fault_after_checkpoint("train_worker_kill", root, seed, _mid_job,
+                                   _kill_one("ray::RayTrainWorker", "kill_train_worker", step), batches)
+
+
+def model_params(checkpoint: str | Path) -> dict[str, Any]:
+    """The model's tensors in a DCP checkpoint, whole (table-wise shards joined), as float64, read without a
+    process group (``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``)."""
+    import tempfile
+
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory(prefix="chaos-params-") as tmp:
+        dcp_to_torch_save(str(checkpoint), f"{tmp}/state.pt")
+        state = torch.load(f"{tmp}/state.pt", weights_only=False)
+    return {k: v.detach().double() for k, v in state["model"].items() if torch.is_tensor(v)}
+
+
+def _distance(a: dict[str, Any], b: dict[str, Any]) -> float:
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+    return float(sum(((a[k] - b[k]) ** 2).sum() for k in a)) ** 0.5
+
+
+def train_worker_kill_vs_unfailed(root: Path, seed: int, batches: int = 40) -> Outcome:
+    """:func:`train_worker_kill`, then the same job without the fault from the checkpoint the killed run
+    resumed from (``train.resume_from``: same model, optimizer state, step and data position); compares the
+    two final models. The feed service hands batches to whichever worker asks first, so the two runs train
+    the same remaining batches in a different order and split: not bit-identical, but close.
+    ``details``: ``model_diff`` (L2 distance of the final models), ``model_moved`` (how far the unfailed run
+    moved the model from the checkpoint), ``model_rel_diff`` (their ratio)."""
+    from dlrm_platform.train.trainer import run_training
+
+    out = train_worker_kill(root / "faulted", seed, batches)
+    if not (out.completed and out.faults_injected):
+        return out
+    step = out.details["schedule"][0]["after_checkpoint_step"]
+    start = sorted((root / "faulted" / "ray").glob(f"*/checkpoint_e*_s{step:08d}*"))[-1]
+    cfg = job(root / "unfailed", resume_from=str(start))
+    result = run_training(cfg, datasets(packed_batches(batches, seed), packed_batches(4, seed + 1)),
+                          storage_path=str(root / "unfailed" / "ray"), mlflow_run_id=None, tracking_uri=None)
+    at_start = model_params(start)
+    faulted, unfailed = model_params(out.details["checkpoint_path"]), model_params(result.checkpoint_path)
+    diff, moved = _distance(faulted, unfailed), _distance(unfailed, at_start)
+    out.details.update(resumed_from=str(start), unfailed_samples=result.samples, model_diff=diff,
+                       model_moved=moved, model_rel_diff=diff / moved if moved else float("inf"),
+                       faulted_moved=_distance(faulted, at_start))
     return out
 
 
 def data_worker_kill(root: Path, seed: int, batches: int = 40) -> Outcome:
     """SIGKILL the process running a Ray Data task mid-epoch: the pass still hands every batch to exactly
     one trainer (Ray retries the task, or the trainers resume from their checkpoint)."""
-    sched = FaultSchedule(seed)
-    train, eval_ = packed_batches(batches, seed), packed_batches(4, seed + 1)
-    storage = root / "ray"
-    cfg = job(root)
-    steps = cfg.train.epochs * batches // cfg.train.num_workers
+    step = lambda: _latest_step(root / "ray")  # noqa: E731
     # Early in the job: later, the passes may all be produced ahead and no data task left to kill.
-    target = sched.pick(2, steps // 4)
-    thread, box = _train_in_background(cfg, datasets(train, eval_), storage)
-    out = Outcome("data_worker_kill")
-    try:
-        wait_for(f"a checkpoint at global step >= {target}",
-                 lambda: _latest_step(storage) >= target or not thread.is_alive(), 300)
-        tasks = wait_for("a running Ray Data task", lambda: processes("ray::MapBatches(_paced)")
-                         or not thread.is_alive(), 60, 0.01)
-        if thread.is_alive() and isinstance(tasks, list):
-            pid = sched.choice(tasks)
-            if kill(pid):
-                sched.record("kill_data_worker", pid=pid, after_checkpoint_step=_latest_step(storage))
-    finally:
-        out = _finish(out, thread, box, storage, train, cfg.train.epochs)
-    out.faults_injected = len(sched.injected)
-    out.details.update(schedule=sched.injected, target_step=target)
-    return out
+    return _fault_after_checkpoint("data_worker_kill", root, seed, lambda cfg, steps: (2, steps // 4),
+                                   _kill_one("ray::MapBatches(_paced)", "kill_data_worker", step), batches)
 
 
 def feed_service_kill(root: Path, seed: int, batches: int = 40) -> Outcome:
     """SIGKILL the job's feed service actor mid-epoch: Ray restarts it, the trainers restart from their last
     checkpoint (``train.max_failures``), and every batch is still trained once per epoch."""
-    sched = FaultSchedule(seed)
-    train, eval_ = packed_batches(batches, seed), packed_batches(4, seed + 1)
-    storage = root / "ray"
-    cfg = job(root)
-    steps = cfg.train.epochs * batches // cfg.train.num_workers
-    target = sched.pick(cfg.train.checkpoint_every_steps + 1, steps - 2 * cfg.train.checkpoint_every_steps)
-    thread, box = _train_in_background(cfg, datasets(train, eval_), storage)
-    out = Outcome("feed_service_kill")
-    try:
-        wait_for(f"a checkpoint at global step >= {target}",
-                 lambda: _latest_step(storage) >= target or not thread.is_alive(), 300)
-        services = processes("ray::FeedService")
-        if thread.is_alive() and services:
-            pid = sched.choice(services)
-            if kill(pid):
-                sched.record("kill_feed_service", pid=pid, after_checkpoint_step=_latest_step(storage))
-    finally:
-        out = _finish(out, thread, box, storage, train, cfg.train.epochs)
-    out.faults_injected = len(sched.injected)
-    out.details.update(schedule=sched.injected, target_step=target)
-    return out
+    step = lambda: _latest_step(root / "ray")  # noqa: E731
+    return _fault_after_checkpoint("feed_service_kill", root, seed, _mid_job,
+                                   _kill_one("ray::FeedService", "kill_feed_service", step), batches)
 
 
 def node_removal(cluster: Any, root: Path, seed: int, batches: int = 40) -> Outcome:
@@ -250,27 +287,16 @@ def node_removal(cluster: Any, root: Path, seed: int, batches: int = 40) -> Outc
 
     ``cluster``: connected (``ray.init(address=cluster.address)``), with at least one node besides the head.
     """
-    sched = FaultSchedule(seed)
-    train, eval_ = packed_batches(batches, seed), packed_batches(4, seed + 1)
-    storage = root / "ray"
-    cfg = job(root)
-    steps = cfg.train.epochs * batches // cfg.train.num_workers
-    target = sched.pick(cfg.train.checkpoint_every_steps + 1, steps - 2 * cfg.train.checkpoint_every_steps)
     victims = list(cluster.worker_nodes)
-    thread, box = _train_in_background(cfg, datasets(train, eval_), storage)
-    out = Outcome("node_removal")
-    try:
-        wait_for(f"a checkpoint at global step >= {target}",
-                 lambda: _latest_step(storage) >= target or not thread.is_alive(), 300)
-        if thread.is_alive() and victims:
+
+    def inject(sched: FaultSchedule, alive: Callable[[], bool]) -> None:
+        if victims:
             node = sched.choice(victims)
             cluster.remove_node(node, allow_graceful=False)
-            sched.record("remove_node", node=getattr(node, "unique_id", "?"), after_checkpoint_step=_latest_step(storage))
-    finally:
-        out = _finish(out, thread, box, storage, train, cfg.train.epochs)
-    out.faults_injected = len(sched.injected)
-    out.details.update(schedule=sched.injected, target_step=target)
-    return out
+            sched.record("remove_node", node=getattr(node, "unique_id", "?"),
+                         after_checkpoint_step=_latest_step(root / "ray"))
+
+    return _fault_after_checkpoint("node_removal", root, seed, _mid_job, inject, batches)
 
 
 def mlflow_outage(root: Path, seed: int, batches: int = 60, outage_s: float = 4.0) -> Outcome:

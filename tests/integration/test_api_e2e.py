@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from dlrm_platform.api import devstack, policy, mlflow_links
+from testkit import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,17 +49,6 @@ def tiny_config(data_dir: Path, runs_dir: Path) -> dict[str, Any]:
     )  # fmt: skip
     cfg["tracking"] = {"experiment": "api-e2e", "log_model": False, "runs_dir": str(runs_dir)}
     return cfg
-
-
-def wait_for(what: str, fn: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
 
 
 @dataclass
@@ -97,7 +87,7 @@ class E2E:
                 raise AssertionError(f"{job_id} ended {j['status']}: {j['status_reason']}\n{self.logs(job_id)[-3000:]}")
             return None
 
-        return wait_for(f"{job_id} in {statuses}", check, timeout)
+        return wait_for(f"{job_id} in {statuses}", check, timeout, 1.0)
 
     def logs(self, job_id: str, attempt: int | None = None) -> str:
         with self.http("root") as c:
@@ -287,7 +277,7 @@ def test_cancel_running_job_stops_it_and_kills_the_mlflow_run(e2e: E2E):
 
     streamer = threading.Thread(target=follow, daemon=True)
     streamer.start()
-    wait_for("streamed log output", lambda: "".join(chunks).strip(), timeout=300)
+    wait_for("streamed log output", lambda: "".join(chunks).strip(), 300, 1.0)
     with e2e.http("alice") as alice:
         r = alice.post(f"/v1/jobs/{job_id}/cancel")
     assert r.status_code == 202 and r.json()["cancel_requested"] is True
@@ -318,7 +308,7 @@ def test_restart_api_mid_job_keeps_job_and_history(e2e: E2E):
     assert {j["id"] for j in listed_after["items"]} == {j["id"] for j in listed_before["items"]}
     # The new process reconciled its records with Ray's job table and keeps following the job.
     wait_for("reconciliation", lambda: any(e["kind"] == "reconciled" for e in e2e.job(job_id)["events"])
-             or e2e.job(job_id)["status"] == "SUCCEEDED", timeout=60)  # fmt: skip
+             or e2e.job(job_id)["status"] == "SUCCEEDED", 60, 1.0)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- success

@@ -197,6 +197,11 @@ class MlflowTracker(NullTracker):
         if not batch:
             return batch
         first = min(m.step for m in batch)
+        # The whole history per key, filtered here: MLflow 3.17's client has no step range for a metric's
+        # history (``MlflowClient.get_metric_history(run_id, key)`` only). The server's one ranged read,
+        # the UI's ``/ajax-api/2.0/mlflow/metrics/get-history-bulk-interval`` (start_step/end_step),
+        # is not a client API and returns a *sample* of at most ``max_results`` steps, so it cannot tell
+        # which points are held. This runs only on a resend after a failed send (one read per key).
         held = set()
         for key in {m.key for m in batch}:
             held.update((key, h.step, h.timestamp, h.value) for h in self._client.get_metric_history(self._run_id, key)

@@ -1,0 +1,46 @@
+"""Helpers shared by the test suites (tests/integration, tests/chaos, benchmarks/chaos.py).
+
+Importable as ``testkit`` from any test: pytest's default (prepend) import mode
+puts ``tests/`` on ``sys.path`` when it loads ``tests/conftest.py``, and
+``benchmarks/chaos.py`` adds it itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T], timeout_s: float, interval_s: float = 0.05) -> T:
+    """Poll ``probe`` until it returns something truthy and return that; after ``timeout_s`` raise
+    ``TimeoutError`` naming ``what`` and the probe's last value."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}; last: {last!r}")
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int = 4, **init: Any) -> Iterator[Any]:
+    """A fresh local Ray cluster (any running one is shut down first) with Ray Data's progress bars off;
+    yields the ``ray`` module and shuts the cluster down on exit. ``init``: more ``ray.init`` arguments."""
+    import ray
+    from ray.data import DataContext
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(**{"address": "local", "num_cpus": num_cpus, "include_dashboard": False,
+                "logging_level": "WARNING", **init})
+    DataContext.get_current().enable_progress_bars = False
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
