@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(if $(filter 1,$(GPU)),gpu,cpu)
 CONFIG ?= configs/demo.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-unit test-integration fuzz chaos ui serve bench bench-api clean
+.PHONY: install demo test test-unit test-integration fuzz chaos ui serve bench bench-api bench-api-soak clean
 
 install: $(STAMP)
 
@@ -53,6 +53,10 @@ serve: $(STAMP)
 # API load against the service `make serve` runs (needs DLRM_API_KEY); `make bench` runs it self-contained.
 bench-api: $(STAMP)
 	$(PY) benchmarks/api_load.py --url http://127.0.0.1:8000 --json runs/api_load.json
+
+# Sustained mixed load (5 min) on a self-contained service: exit 1 on any error or on fd/RSS growth.
+bench-api-soak: $(STAMP)
+	$(PY) benchmarks/api_load.py --duration 300 --json runs/api_soak.json
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -415,6 +415,35 @@ def test_job_view_cache_never_serves_a_stale_state(tmp_path: Path):
         s.close()
 
 
+def test_view_cache_sweeps_expired_views_and_old_change_marks(monkeypatch):
+    """Memory follows the jobs polled lately: a long-lived service that polled thousands of jobs
+    once does not keep each one's view (found by benchmarks/api_load.py --duration)."""
+    from dlrm_platform.api import view_cache as vc
+
+    now = [1000.0]
+    monkeypatch.setattr(vc.time, "monotonic", lambda: now[0])
+    cache = vc.ViewCache(ttl_s=2.0)
+    for i in range(500):
+        cache.invalidate([f"job-{i}"])
+        cache.put(f"job-{i}", "alice", b"{}", cache.generation(f"job-{i}"))
+    assert len(cache) == 500
+    now[0] += 3.0  # all expired
+    cache.put("fresh", "alice", b"{}", cache.generation("fresh"))
+    assert len(cache) == 1 and cache.get("fresh") == ("alice", b"{}")
+    assert len(cache._generations) == 500  # change marks outlive views: they guard renders in flight
+    now[0] += cache.GENERATION_KEEP_S + 3.0
+    cache.put("fresh2", "alice", b"{}", 0)
+    assert cache._generations == {} and len(cache) == 1
+    # A render that read a mark before it was swept out and set again is still refused.
+    cache.invalidate(["job-1"])
+    seen = cache.generation("job-1")
+    now[0] += cache.GENERATION_KEEP_S + 3.0
+    cache.put("other", "alice", b"{}", 0)  # sweeps the mark of job-1 out
+    cache.invalidate(["job-1"])  # changed again
+    cache.put("job-1", "alice", b"stale", seen)
+    assert cache.get("job-1") is None
+
+
 def test_key_cache_remembers_for_its_ttl(tmp_path: Path):
     from dlrm_platform.api.auth import KeyCache, Principal
 

@@ -1,191 +1,41 @@
 """The job service end to end: real HTTP to `dlrm-platform serve` in a subprocess, a real local
 Ray head (token auth on), a real MLflow server, and the real `dlrm-platform run` on tiny data.
 
-One stack per module. The jobs are submitted together at the start (a success, a retry, one to
+One stack per module (tests/api_stack.py). The jobs are submitted together at the start (a success, a retry, one to
 cancel, and one through `ray job submit`) so that they overlap; each test then follows its own.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from dlrm_platform.api import devstack, policy, mlflow_links
-from testkit import wait_for
+from api_stack import E2E, api_stack, wait_for
+from dlrm_platform.api import devstack, policy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-PY = sys.executable
-TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED", "TIMED_OUT"}
-
-
-def tiny_config(data_dir: Path, runs_dir: Path) -> dict[str, Any]:
-    """configs/demo.yaml shrunk to seconds of training on 2 shared cores."""
-    cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
-    cfg["name"] = "apitiny"
-    cfg["data"]["path"] = str(data_dir)
-    cfg["data"]["synthetic"].update(
-        num_sessions=150, user_vocab_size=500, item_vocab_size=300, rows_per_shard=600, history_length=[3, 10]
-    )
-    cfg["ingest"].update(batch_size=64, hash_size=500, max_history_length=10, data_cpus=1.0)
-    cfg["train"].update(
-        epochs=1, cpus_per_worker=0.5, log_every_steps=2, checkpoint_every_steps=3,
-        bottom_mlp=[16, 16], top_mlp=[16, 1], max_failures=0,
-    )  # fmt: skip
-    cfg["tracking"] = {"experiment": "api-e2e", "log_model": False, "runs_dir": str(runs_dir)}
-    return cfg
-
-
-@dataclass
-class E2E:
-    root: Path
-    api_port: int
-    api_env: dict[str, str]
-    api: subprocess.Popen[bytes]
-    head: devstack.RayHead
-    mlflow_uri: str
-    keys: dict[str, str]
-    jobs: dict[str, str] = field(default_factory=dict)
-    cli: subprocess.Popen[str] | None = None
-    cli_log: Path | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.api_port}"
-
-    def http(self, user: str | None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {self.keys[user]}"} if user else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
-
-    def job(self, job_id: str, user: str = "root") -> dict[str, Any]:
-        with self.http(user) as c:
-            r = c.get(f"/v1/jobs/{job_id}")
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    def wait_status(self, job_id: str, statuses: set[str], timeout: float) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            j = self.job(job_id)
-            if j["status"] in statuses:
-                return j
-            if j["status"] in TERMINAL:
-                raise AssertionError(f"{job_id} ended {j['status']}: {j['status_reason']}\n{self.logs(job_id)[-3000:]}")
-            return None
-
-        return wait_for(f"{job_id} in {statuses}", check, timeout, 1.0)
-
-    def logs(self, job_id: str, attempt: int | None = None) -> str:
-        with self.http("root") as c:
-            return c.get(f"/v1/jobs/{job_id}/logs", params={"attempt": attempt} if attempt else {}).text
-
-    def restart_api(self) -> None:
-        devstack.stop_process(self.api)
-        self.api = devstack.start_api(port=self.api_port, env=self.api_env, cwd=ROOT, log_file=self.root / "api.log")
-
-    def ray_cli(self, *args: str, token: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, **(self.head.env if token else {})}
-        if not token:
-            env.pop("RAY_AUTH_TOKEN_PATH", None)
-            env["RAY_AUTH_MODE"] = "disabled"
-        return subprocess.run(
-            [str(devstack.VENV_BIN / "ray"), "job", *args, "--address", self.head.dashboard_url],
-            env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-        )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
     root = tmp_path_factory.mktemp("api-e2e")
-    configs = root / "configs"
-    configs.mkdir()
-    cfg = tiny_config(root / "data", root / "runs")
-    (configs / "tiny.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    subprocess.run(
-        [PY, "-m", "dlrm_platform.cli", "gen-data", str(configs / "tiny.yaml"), "--quiet"], check=True, cwd=ROOT
-    )
-
-    procs: list[Callable[[], None]] = []
-    try:
-        ml_port = devstack.free_port()
-        ml = mlflow_links.start_server(root / "mlflow", port=ml_port)
-        procs.append(lambda: devstack.stop_process(ml, timeout=10))
-        mlflow_uri = f"http://127.0.0.1:{ml_port}"
-
-        ray_env = devstack.ensure_ray_token(root / "ray_auth_token")
-        head = devstack.start_ray_head(
-            num_cpus=8,
-            env=ray_env,
-            temp_dir=Path(tempfile.mkdtemp(prefix="dlrmapi-", dir="/tmp")),
-            object_store_memory=400 * 1024 * 1024,
-            log_file=root / "ray-head.log",
-        )
-        procs.append(head.stop)
-
-        db_url = f"sqlite:///{root / 'jobs.db'}"
-        keys = {}
-        out = subprocess.run(
-            [PY, "-m", "dlrm_platform.cli", "api-key", "create", "--user", "alice", "--database-url", db_url],
-            check=True, capture_output=True, text=True, cwd=ROOT,
-        )  # fmt: skip
-        keys["alice"] = out.stdout.strip()
-        from dlrm_platform.api.auth import create_api_key
-        from dlrm_platform.api.db import Database
-
-        db = Database(db_url)
-        with db.transaction() as s:
-            _, keys["bob"] = create_api_key(s, "bob")
-            _, keys["root"] = create_api_key(s, "root", admin=True)
-        db.dispose()
-
-        api_port = devstack.free_port()
-        api_env = {
-            **ray_env,
-            "DLRM_API_DATABASE_URL": db_url,
-            "DLRM_API_RAY_ADDRESS": head.dashboard_url,
-            "DLRM_API_MLFLOW_TRACKING_URI": mlflow_uri,
-            "DLRM_API_CONFIGS_DIR": str(configs),
-            "DLRM_API_STORAGE_DIR": str(root / "storage"),
-            "DLRM_API_JOB_WORKDIR": str(ROOT),
-            # Config paths must lie under these (dlrm_platform.paths); the test's data and runs are in tmp.
-            "DLRM_API_DATA_ROOTS": json.dumps([str(root)]),  # data/ and its dedup copy data.dedup/
-            "DLRM_API_OUTPUT_ROOTS": json.dumps([str(root / "runs")]),
-            "DLRM_API_MAX_RUNNING_JOBS": "3",
-            "DLRM_API_MAX_RUNNING_PER_USER": "2",
-            "DLRM_API_SCHEDULER_INTERVAL_S": "0.5",
-            "DLRM_API_PROGRESS_INTERVAL_S": "2",
-            "DLRM_API_DEFAULT_MAX_RETRIES": "0",
-        }
-        api = devstack.start_api(port=api_port, env=api_env, cwd=ROOT, log_file=root / "api.log")
-        stack = E2E(root, api_port, api_env, api, head, mlflow_uri, keys)
-        procs.append(lambda: devstack.stop_process(stack.api))
-
+    with api_stack(root) as stack:
         # Submit everything up front so that the jobs overlap.
-        def submit(user: str, **body: Any) -> str:
-            with stack.http(user) as c:
-                r = c.post("/v1/jobs", json={"config_name": "tiny", **body})
-            assert r.status_code == 201, r.text
-            return r.json()["id"]
-
-        stack.jobs["success"] = submit("alice", idempotency_key="success-1")
-        stack.jobs["cancel"] = submit("alice", overrides={"train.epochs": 100})
+        stack.jobs["success"] = stack.submit("alice", idempotency_key="success-1")
+        stack.jobs["cancel"] = stack.submit("alice", overrides={"train.epochs": 100})
         # Many small steps: attempt 1 is still far from done when the test kills it after its first
         # checkpoint, on a quiet machine as on a loaded one.
-        stack.jobs["retry"] = submit("bob", max_retries=1, overrides={
+        stack.jobs["retry"] = stack.submit("bob", max_retries=1, overrides={
             "train.epochs": 2, "ingest.batch_size": 16, "train.checkpoint_every_steps": 2, "train.log_every_steps": 4,
         })  # fmt: skip
         # And one without the service: `ray job submit` with the files in configs/ray_job/.
@@ -193,24 +43,17 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
         stack.cli = subprocess.Popen(
             [
                 str(devstack.VENV_BIN / "ray"), "job", "submit",
-                "--address", head.dashboard_url,
+                "--address", stack.head.dashboard_url,
                 "--submission-id", "cli-e2e-1",
                 "--runtime-env", "configs/ray_job/runtime_env.yaml",
-                "--", str(ROOT / "configs" / "ray_job" / "entrypoint.sh"), str(configs / "tiny.yaml"),
-                "--set", f"tracking.tracking_uri={mlflow_uri}",
+                "--", str(ROOT / "configs" / "ray_job" / "entrypoint.sh"), str(root / "configs" / "tiny.yaml"),
+                "--set", f"tracking.tracking_uri={stack.mlflow_uri}",
                 "--set", "tracking.experiment=api-e2e-cli",
             ],
-            cwd=ROOT, env={**os.environ, **ray_env}, text=True,
+            cwd=ROOT, env={**os.environ, **stack.head.env}, text=True,
             stdout=open(stack.cli_log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        procs.append(lambda: devstack.stop_process(stack.cli, timeout=10))
         yield stack
-    finally:
-        for stop in reversed(procs):
-            try:
-                stop()
-            except Exception as err:  # noqa: BLE001 - tear everything down regardless
-                print(f"teardown: {err}", file=sys.stderr)
 
 
 def mlflow_client(e2e: E2E) -> Any:
@@ -277,7 +120,7 @@ def test_cancel_running_job_stops_it_and_kills_the_mlflow_run(e2e: E2E):
 
     streamer = threading.Thread(target=follow, daemon=True)
     streamer.start()
-    wait_for("streamed log output", lambda: "".join(chunks).strip(), 300, 1.0)
+    wait_for("streamed log output", lambda: "".join(chunks).strip(), timeout_s=300, interval_s=1.0)
     with e2e.http("alice") as alice:
         r = alice.post(f"/v1/jobs/{job_id}/cancel")
     assert r.status_code == 202 and r.json()["cancel_requested"] is True
@@ -308,7 +151,7 @@ def test_restart_api_mid_job_keeps_job_and_history(e2e: E2E):
     assert {j["id"] for j in listed_after["items"]} == {j["id"] for j in listed_before["items"]}
     # The new process reconciled its records with Ray's job table and keeps following the job.
     wait_for("reconciliation", lambda: any(e["kind"] == "reconciled" for e in e2e.job(job_id)["events"])
-             or e2e.job(job_id)["status"] == "SUCCEEDED", 60, 1.0)  # fmt: skip
+             or e2e.job(job_id)["status"] == "SUCCEEDED", timeout_s=60, interval_s=1.0)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- success

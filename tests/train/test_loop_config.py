@@ -9,6 +9,7 @@ import cloudpickle
 import pytest
 
 from dlrm_platform.config import ConfigError
+from dlrm_platform.ingest.feed_service import JobFeed
 from dlrm_platform.train.loop import LOOP_KEY, LoopConfig, train_loop_per_worker
 from dlrm_platform.train.result import REPORT_KEY, EpochEnd, EpochRecord, TrainingResult, TrainReport
 
@@ -25,6 +26,10 @@ def test_the_worker_receives_the_typed_config_re_validated(tiny_job):
     received = LoopConfig.received(config)
     assert received == loop and received is not loop and received.feed_service is handle
     assert LoopConfig.received(_shipped({LOOP_KEY: loop.model_copy(update={"feed_service": None})})).job == loop.job
+    # A shared feed service's handle is a dataclass: it arrives as itself, not as a dict of its fields.
+    feed = JobFeed(actor="actor-handle", job="job-1")
+    shared = LoopConfig.received(_shipped(LoopConfig(job=tiny_job(), feed_service=feed).to_ray()))
+    assert shared.feed_service == feed and isinstance(shared.feed_service, JobFeed)
 
 
 def test_the_worker_entry_rejects_an_invalid_config_naming_the_field(tiny_job):

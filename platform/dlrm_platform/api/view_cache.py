@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterable
@@ -19,13 +20,22 @@ class ViewCache:
     """Rendered job views (JSON bytes) by job id, so that polling a job costs no query.
 
     Every committed change to a job or its history drops its entry (session
-    events), and entries expire after ``ttl_s`` whatever happens.
+    events), and entries expire after ``ttl_s`` whatever happens. Expired entries
+    and old change marks are swept out as new views come in, so memory follows the
+    jobs polled lately, not every job the process has ever served.
     """
+
+    # A change mark is kept this long: far longer than one render takes, which is all it guards.
+    GENERATION_KEEP_S = 300.0
 
     def __init__(self, ttl_s: float):
         self.ttl_s = ttl_s
         self._entries: dict[str, tuple[float, str, bytes]] = {}
-        self._generations = {}
+        # job id -> (mark, when): a mark is unique (a counter), so one swept out and set again never
+        # equals the value a render in flight read before
+        self._generations: dict[str, tuple[int, float]] = {}
+        self._counter = itertools.count(1)
+        self._next_sweep = 0.0
         self._lock = threading.Lock()
 
     def get(self, job_id: str) -> tuple[str, bytes] | None:
@@ -40,18 +50,33 @@ class ViewCache:
         with self._lock:
             if generation != self.generation(job_id):
                 return  # changed while it was being rendered
-            if len(self._entries) > 50_000:
-                self._entries.clear()
-            self._entries[job_id] = (time.monotonic() + self.ttl_s, owner, body)
+            now = time.monotonic()
+            if now >= self._next_sweep or len(self._entries) > 50_000:
+                self._sweep(now)
+            self._entries[job_id] = (now + self.ttl_s, owner, body)
+
+    def _sweep(self, now: float) -> None:
+        self._next_sweep = now + max(self.ttl_s, 1.0)
+        for job_id in [k for k, (expires, _, _) in self._entries.items() if expires < now]:
+            del self._entries[job_id]
+        if len(self._entries) > 50_000:
+            self._entries.clear()
+        old = now - self.GENERATION_KEEP_S
+        for job_id in [k for k, (_, at) in self._generations.items() if at < old]:
+            del self._generations[job_id]
 
     def invalidate(self, job_ids: Iterable[str]) -> None:
         with self._lock:
             for job_id in job_ids:
                 self._entries.pop(job_id, None)
-                self._generations[job_id] = self._generations.get(job_id, 0) + 1
+                self._generations[job_id] = (next(self._counter), time.monotonic())
 
     def generation(self, job_id: str) -> int:
-        return self._generations.get(job_id, 0)
+        mark = self._generations.get(job_id)
+        return 0 if mark is None else mark[0]
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def watch(self, session_factory: sessionmaker[Session]) -> None:
         """Drop the entry of every job a committed session changed (the job or its history)."""

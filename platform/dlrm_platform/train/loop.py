@@ -146,7 +146,9 @@ class LoopConfig(BaseModel):
         loop = train_loop_config.get(LOOP_KEY) if isinstance(train_loop_config, dict) else None
         if not isinstance(loop, cls):
             raise TypeError(f"train_loop_config must be {{{LOOP_KEY!r}: LoopConfig}}, got {train_loop_config!r:.200}")
-        return revalidate(loop)
+        # Re-validating dumps the model: a dataclass handle (a shared service's JobFeed) would come back a
+        # dict, and the workers would call .open on it. The handle is opaque: keep the object itself.
+        return revalidate(loop).model_copy(update={"feed_service": loop.feed_service})
 
 
 # --------------------------------------------------------------------------- statistics
