@@ -146,7 +146,9 @@ class LoopConfig(BaseModel):
         loop = train_loop_config.get(LOOP_KEY) if isinstance(train_loop_config, dict) else None
         if not isinstance(loop, cls):
             raise TypeError(f"train_loop_config must be {{{LOOP_KEY!r}: LoopConfig}}, got {train_loop_config!r:.200}")
-        return revalidate(loop)
+        # The feed service handle (an actor, or a JobFeed dataclass for a shared service) is not config:
+        # re-validation dumps a dataclass to a dict ('dict' object has no attribute 'open'), so it is kept as sent.
+        return revalidate(loop).model_copy(update={"feed_service": loop.feed_service})
 
 
 # --------------------------------------------------------------------------- statistics
