@@ -25,6 +25,15 @@ measured again for 20 s each and the best of that second measurement is kept (th
 maximum of the first pass alone is the luckiest window). Its run is longer by the
 search; its steady state is the same last 40 s as every other policy's.
 
+The oracle is checked, not trusted. It runs last in every round, and every other policy's
+final allocation (for ray_default, the tasks Ray ran) joins its finalists, measured as long
+as its own best: by construction its pick is at least as good as each of them. Its winner
+is then measured again over the steady state. Every policy's steady state is cut into 5 s
+intervals, whose samples/s give a mean and a 95% confidence interval; a policy whose mean
+exceeds the oracle's by more than the two half-widths combined beats the oracle by more
+than the noise, and the run fails (exit status 1, the offending policies named on stderr,
+``oracle_check`` in the JSON).
+
 Two bounds put the ratios in context. The *overhead ceiling* runs the same pipeline
 with operators that cost nothing (``--no-ceiling`` skips it): what Ray Data moves
 through six operators on this machine at all. The *effective optimum* is the best
@@ -105,6 +114,60 @@ def steady(ts, rows, start, end) -> float:
     return float(rows[sel].sum() / max(end - start, 1e-9))
 
 
+ORACLE_BIN_S = 5.0  # the steady state's per-interval samples/s: the noise the oracle check allows
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 15: 2.13,
+       20: 2.09, 30: 2.04}
+
+
+def interval_rates(ts, rows, start, end, bin_s: float = ORACLE_BIN_S) -> list[float]:
+    """Samples/s in consecutive ``bin_s`` intervals of (start, end]: a run's per-interval samples."""
+    out = []
+    t = start
+    while t + bin_s <= end + 1e-9:
+        out.append(steady(ts, rows, t, t + bin_s))
+        t += bin_s
+    return out
+
+
+def mean_ci(samples: list[float]) -> dict:
+    """Mean and 95% confidence half-width (Student t) of per-interval samples/s."""
+    n = len(samples)
+    if n == 0:
+        return {"mean": float("nan"), "ci95": float("inf"), "n": 0}
+    mean = float(np.mean(samples))
+    if n == 1:
+        return {"mean": mean, "ci95": float("inf"), "n": 1}
+    se = float(np.std(samples, ddof=1)) / math.sqrt(n)
+    t = T95[max(k for k in T95 if k <= n - 1)]
+    return {"mean": mean, "ci95": t * se, "n": n}
+
+
+def oracle_check(stats: dict[str, dict], oracle: str = "oracle") -> dict:
+    """Is the oracle at least as good as every policy within noise?
+
+    ``stats``: {policy: {"mean", "ci95"}} (samples/s, 95% half-widths from :func:`mean_ci`). A policy
+    beats the oracle by more than the noise when its mean exceeds the oracle's by more than the two
+    half-widths combined (``sqrt(ci_p**2 + ci_o**2)``); any such policy makes the run a failed run.
+    """
+    if oracle not in stats:
+        return {"ok": True, "checked": False, "violations": [], "note": "no oracle run"}
+    o = stats[oracle]
+    violations = []
+    for p, st in stats.items():
+        if p == oracle:
+            continue
+        noise = math.sqrt(st["ci95"] ** 2 + o["ci95"] ** 2)
+        margin = st["mean"] - o["mean"]
+        if margin > noise:
+            violations.append({"policy": p, "samples_per_s": st["mean"], "oracle_samples_per_s": o["mean"],
+                               "margin": margin, "noise": noise,
+                               "message": f"{p} {st['mean']:,.0f} +- {st['ci95']:,.0f} samples/s beats the oracle "
+                                          f"{o['mean']:,.0f} +- {o['ci95']:,.0f} by {margin:,.0f}, more than the "
+                                          f"noise ({noise:,.0f}): the oracle is not an upper bound"})
+    return {"ok": not violations, "checked": True, "violations": violations,
+            "oracle": {"samples_per_s": o["mean"], "ci95": o["ci95"]}}
+
+
 def seconds_to(ts, rows, target, after=0.0, window=5.0) -> float | None:
     grid, ma = moving_average(ts, rows, window)
     for g, v in zip(grid, ma):
@@ -120,10 +183,19 @@ def count_stalls(ts: np.ndarray, run_s: float) -> int:
     return int((gaps > STALL_S).sum())
 
 
-def oracle_search_s(k: int) -> float:
-    """Seconds the oracle spends before it settles on its pick (its run is longer by this)."""
+def final_allocation(res: dict) -> dict | None:
+    """The allocation a policy's run ended at; for ray_default (the tuner only observes) the tasks Ray ran."""
+    if res.get("policy") == "ray_default":
+        running = res.get("observed_tasks_running") or {}
+        return {n: max(1, int(round(v))) for n, v in running.items()} or None
+    return res.get("final_allocation")
+
+
+def oracle_search_s(k: int, extra: int = 0) -> float:
+    """Seconds the oracle spends before it settles on its pick (its run is longer by this);
+    ``extra``: the other policies' allocations it re-measures among its finalists."""
     return (ORACLE_WARMUP_S + k * (ORACLE_SETTLE_S + ORACLE_MEASURE_S + 1.0)
-            + ORACLE_FINALISTS * (ORACLE_SETTLE_S + ORACLE_FINAL_MEASURE_S + 1.0) + 10.0)
+            + (ORACLE_FINALISTS + extra) * (ORACLE_SETTLE_S + ORACLE_FINAL_MEASURE_S + 1.0) + 10.0)
 
 
 def oracle_shortlist(pipe: PipelineDef, k: int) -> list[dict]:
@@ -136,9 +208,10 @@ def oracle_shortlist(pipe: PipelineDef, k: int) -> list[dict]:
 
 def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | None, plot_dir: Path | None,
             oracle_k: int, tag: str, steady_s: float | None = None, cost_scale: float | None = None,
-            policy_path: str | None = None) -> dict:
+            policy_path: str | None = None, must_beat: list[dict] | None = None) -> dict:
     """One policy, one run. Steady state = the last ``steady_s`` seconds (default: the last 40%).
-    ``cost_scale`` multiplies every operator's cost (0: the operators cost nothing)."""
+    ``cost_scale`` multiplies every operator's cost (0: the operators cost nothing). ``must_beat``
+    (oracle): allocations it re-measures among its finalists (the other policies' final ones)."""
     import ray
     from ray.data import DataContext
 
@@ -156,6 +229,7 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
         options["oracle_settle_s"], options["oracle_measure_s"] = ORACLE_SETTLE_S, ORACLE_MEASURE_S
         options["oracle_warmup_s"] = ORACLE_WARMUP_S
         options["oracle_finalists"], options["oracle_final_measure_s"] = ORACLE_FINALISTS, ORACLE_FINAL_MEASURE_S
+        options["oracle_extra_candidates"] = list(must_beat or [])
     strategies = tuner_api.compute_strategies(cfg, None, budget, operators=specs)
     _, opt_rate = expected_optimum(pipe)
     headroom = 1.5 if cost_scale is None or cost_scale > 0 else 4.0  # free operators run faster than the model
@@ -215,8 +289,10 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
         "rows_per_occupied_slot_s": _occupied_slot_rates(ticks, 0.6),
     }
     if shift_at is None:
-        sps = steady(ts, rows, end - steady_s if steady_s else 0.6 * end, end)
+        start = end - steady_s if steady_s else 0.6 * end
+        sps = steady(ts, rows, start, end)
         res["samples_per_s"] = sps
+        res["interval_samples_per_s"] = interval_rates(ts, rows, start, end)
         res["seconds_to_95pct"] = seconds_to(ts, rows, 0.95 * sps)
     else:
         pre = steady(ts, rows, max(shift_at - 20, 0.5 * shift_at), shift_at)
@@ -326,13 +402,18 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
         shift_results: dict[str, list[dict]] = {p: [] for p in policies}
         for r in range(args.rounds):
             order = policies if r % 2 == 0 else list(reversed(policies))
+            # the oracle runs last: it re-measures every other policy's final allocation among its finalists
+            order = [p for p in order if p != "oracle"] + (["oracle"] if "oracle" in order else [])
             for pol in order:
-                search_s = oracle_search_s(args.oracle_k)
+                must_beat = [final_allocation(results[p][-1]) for p in order if p != pol and results[p]]
+                must_beat = [a for i, a in enumerate(must_beat) if a and a not in must_beat[:i]]
+                search_s = oracle_search_s(args.oracle_k, len(must_beat))
                 run_s = args.run_s + (search_s if pol == "oracle" else 0.0)
                 print(f"  [{kind} round {r + 1}] {pol}: {run_s:.0f} s ...", flush=True)
                 # every policy's steady state is the same last 40% of args.run_s (after the oracle's search)
                 res = run_one(pipe, pol, run_s, shift_at=None, plot_dir=args.plot_dir, oracle_k=args.oracle_k,
-                              tag=f"{kind}{r}", steady_s=0.4 * args.run_s)
+                              tag=f"{kind}{r}", steady_s=0.4 * args.run_s,
+                              must_beat=must_beat if pol == "oracle" else None)
                 print(f"     {res['samples_per_s']:,.0f} samples/s, 95% after {res['seconds_to_95pct']} s,"
                       f" stalls {res['stalls']}, crash {res['crash']}, final {res['final_allocation']}", flush=True)
                 results[pol].append(res)
@@ -386,6 +467,10 @@ def summarise(pipe: PipelineDef, suite: dict, policies: list[str]) -> dict:
         },
     }
     out["stalls"] = int(sum(out["stalls_per_policy"].values()))
+    # every policy's steady state as per-interval samples (pooled over rounds): mean and 95% CI
+    out["steady_ci"] = {p: mean_ci([x for r in runs[p] for x in r.get("interval_samples_per_s", [])])
+                        for p in policies if runs[p]}
+    out["oracle_check"] = oracle_check(out["steady_ci"])
     if suite.get("ceiling_runs"):
         # Ray Data's own per-block work on this machine, with operators that cost nothing: no
         # allocation of slots to costly operators can deliver more than this
@@ -444,6 +529,12 @@ def print_table(kind: str, s: dict, policies: list[str]) -> None:
             print(f"  {p:<12} pre {v['pre_shift_samples_per_s']:>8,.0f}  recovered {v['recovered_samples_per_s']:>8,.0f}"
                   f" samples/s  recovery {v['recovery_s']} s")
     print(f"stalls: {s['stalls']}, crashes: { {p: c for p, c in s['crashes'].items() if c} }")
+    print("steady state, 95% CI over " f"{ORACLE_BIN_S:g} s intervals: "
+          + ", ".join(f"{p} {v['mean']:,.0f} +- {v['ci95']:,.0f}" for p, v in s.get("steady_ci", {}).items()))
+    check = s.get("oracle_check") or {}
+    if check.get("checked"):
+        print("oracle check: " + ("ok, no policy beats the oracle by more than the noise" if check["ok"]
+                                  else "FAILED: " + "; ".join(v["message"] for v in check["violations"])))
 
 
 def simulated_suite(pipe: PipelineDef, policies: list[str], args) -> dict:
@@ -653,6 +744,12 @@ def main(argv=None) -> int:
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(out, indent=1, default=str))
         print(f"\nwrote {args.json_path}")
+    failed = [(kind, v) for kind in kinds for v in report[kind]["oracle_check"]["violations"]]
+    if failed:
+        print("\nFAILED RUN: the oracle is not an upper bound on this run:", file=sys.stderr)
+        for kind, v in failed:
+            print(f"  [{kind}] {v['message']}", file=sys.stderr)
+        return 1
     return 0
 
 

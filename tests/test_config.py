@@ -150,3 +150,17 @@ def test_revalidate_checks_pydantic_dataclasses():
     spec.cpu_budget = -1.0  # dataclass fields are not validated on assignment
     with pytest.raises(ConfigError, match="cpu_budget must be positive"):
         revalidate(spec)
+
+
+def test_the_tuner_is_on_by_default_with_auto():
+    from dlrm_platform.config import TunerConfig
+    from dlrm_platform.ingest.fused import fusion_enabled
+
+    assert TunerConfig().policy == "auto"
+    for name in ("demo.yaml", "criteo_kaggle.yaml"):
+        job = load_job_config(REPO / "configs" / name)
+        assert job.tuner.policy == "auto", name
+        assert fusion_enabled(job.ingest, job.tuner), name  # auto keeps the pipeline fused
+    assert load_job_config(REPO / "configs" / "demo.yaml", ["tuner.policy=static"]).tuner.policy == "static"
+    with pytest.raises(ConfigError, match="tuner.policy"):
+        load_job_config(REPO / "configs" / "demo.yaml", ["tuner.policy=automatic"])

@@ -362,14 +362,17 @@ class TrainConfig(StrictModel):
 
 
 # The tuner's policies (dlrm_platform.tuner.policies.POLICY_CLASSES implements each).
-TunerPolicy = Literal["static", "ray_default", "plumber", "hill_climb", "rl", "oracle"]
+TunerPolicy = Literal["auto", "static", "ray_default", "plumber", "hill_climb", "rl", "oracle"]
 TUNER_POLICIES: tuple[str, ...] = get_args(TunerPolicy)
 
 
 class TunerConfig(StrictModel):
     """Per-operator concurrency control of the live pipeline."""
 
-    policy: TunerPolicy = "static"
+    policy: TunerPolicy = Field(
+        "auto", description="auto (default): hold a fused pipeline, plumber over split operators "
+        "(dlrm_platform/tuner/README.md)"
+    )
     interval_s: float = Field(1.0, gt=0, description="seconds between observations/actions")
     policy_path: Path | None = Field(default=None, description="RL policy checkpoint; None = the shipped one")
     object_store_limit_fraction: float = Field(

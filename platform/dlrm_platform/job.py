@@ -187,6 +187,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             if run_log is not None:
                 run_log.advise_when_starved(starved_cpu_advice(job, budget))
             client.log_param(run_id, "cpu_budget", budget.describe())
+            result = None
             datasets, tuner_handle = build_tuned_datasets(job, files, quarantine_dir, budget.data)
             stage.info("pipeline built: %s; tuner: %s", datasets.describe(), job.tuner.policy)
             try:
@@ -207,7 +208,8 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
                     )
             finally:
                 if tracking.answers():
-                    _log_tuner(tuner_handle, client, run_id)
+                    _log_tuner(tuner_handle, client, run_id, [e.model_dump() for e in result.epochs]
+                               if result is not None else None)
         quarantined = count_quarantined(quarantine_dir) if quarantine_dir.exists() else {}
         summary = JobSummary(
             job=job.name,
@@ -317,12 +319,12 @@ def _live_progress(job: JobConfig, run_id: str, run_log: RunLog | None, train_ro
     return live_progress(run_id, view, expected_samples=expected, tuner=tuner_handle if shows_decisions else None)
 
 
-def _log_tuner(handle, client, run_id: str) -> None:
-    """Tuner decisions and throughput over time into the run (metrics + allocation plot)."""
+def _log_tuner(handle, client, run_id: str, epochs: list[dict] | None = None) -> None:
+    """Tuner decisions, bottleneck report and throughput over time into the run (metrics, plot, report)."""
     if handle is None:
         return
     try:
-        handle.log_to_mlflow(client, run_id)
+        handle.log_to_mlflow(client, run_id, epochs=epochs)
         client.log_dict(run_id, handle.summary(), "tuner_summary.json")
     except Exception as err:  # telemetry must not fail a finished training run
         log.warning("could not log the tuner's history to MLflow: %s", err)

@@ -123,7 +123,7 @@ def test_block_plan_defaults_to_eight_batches_capped_by_bytes():
 
 
 @pytest.mark.parametrize(("fusion", "policy", "expected"), [
-    ("auto", "static", True), ("auto", "rl", False), ("auto", "ray_default", False),
+    ("auto", "static", True), ("auto", "auto", True), ("auto", "rl", False), ("auto", "ray_default", False),
     ("on", "rl", True), ("off", "static", False),
 ])
 def test_fusion_is_on_unless_a_policy_steers_operators_one_by_one(fusion, policy, expected):

@@ -92,7 +92,7 @@ def cli_run(ray_cluster, small_job, tmp_path_factory):
     return JobSummary(**json.loads(summary_path.read_text())), terminal
 
 
-def test_run_command_logs_a_complete_mlflow_run(cli_run):
+def test_run_command_logs_a_complete_mlflow_run(cli_run, small_job):
     summary, _ = cli_run
     assert summary.samples > 0 and summary.steps > 0
     assert 0.0 <= summary.data_wait_fraction <= 1.0
@@ -120,8 +120,14 @@ def test_run_command_logs_a_complete_mlflow_run(cli_run):
     assert first["rows"] == sum(first["handed"].values()) > 0
     assert run.data.tags["feed_service"].startswith("1 train pass(es) run")
     # The tuner's decisions and throughput over time: a plot and the raw history.
-    assert {"tuner_allocation.png", "tuner_history.json", "tuner_summary.json"} <= artifacts
+    assert {"tuner_allocation.png", "tuner_history.json", "tuner_summary.json", "tuner_decisions.json",
+            "tuner_report.txt"} <= artifacts
     assert client.get_metric_history(run.info.run_id, "tuner/samples_per_s")
+    # The default policy, auto, on the demo's fused pipeline: it holds, and the report says why.
+    assert small_job.tuner.policy == "auto"
+    report = Path(client.download_artifacts(run.info.run_id, "tuner_report.txt")).read_text()
+    assert "auto chose static: one operator" in report, report
+    assert "training epoch 1: replayed from the epoch cache" in report, report
     assert client.list_artifacts(run.info.run_id, "model"), "model checkpoint artifact is empty"
 
 

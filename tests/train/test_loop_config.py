@@ -32,6 +32,15 @@ def test_the_worker_receives_the_typed_config_re_validated(tiny_job):
     assert shared.feed_service == feed and isinstance(shared.feed_service, JobFeed)
 
 
+def test_a_shared_feed_service_handle_arrives_as_sent(tiny_job):
+    from dlrm_platform.ingest.feed_service import JobFeed
+
+    feed = JobFeed(actor="actor-handle", job="job-a")  # a dataclass: re-validation alone would dump it to a dict
+    loop = LoopConfig(job=tiny_job(), feed_service=feed)
+    assert LoopConfig.received(_shipped(loop.to_ray())).feed_service == feed
+    assert isinstance(LoopConfig.received(loop.to_ray()).feed_service, JobFeed)
+
+
 def test_the_worker_entry_rejects_an_invalid_config_naming_the_field(tiny_job):
     """A config changed past validation is refused where the worker starts, before it builds anything."""
     job = tiny_job()

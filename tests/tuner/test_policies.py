@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dlrm_platform.tuner.controller import Controller
-from dlrm_platform.tuner.observe import RawOp, RawSnapshot
+from dlrm_platform.tuner.observe import Observation, RawOp, RawSnapshot
 from dlrm_platform.tuner.policies import enumerate_allocations
 from dlrm_platform.tuner.simulator import SimOp, SimPipeline, run_controller_in_sim
 from dlrm_platform.tuner.spec import OpSpec, TunerSpec
@@ -203,3 +203,75 @@ def test_policy_and_operator_names_come_from_the_config() -> None:
     assert config.OPERATOR_NAMES == ("read", "parse", "dense_transform", "sparse_transform", "batch")
     assert pipeline.OPERATOR_NAMES is config.OPERATOR_NAMES
     assert [s.name for s in tuner.operator_specs(config.IngestConfig())] == list(config.OPERATOR_NAMES)
+
+
+def _records_in_sim(pipe, spec, steps):
+    """A real Controller against the simulator; every record it makes (ticks, notes, reports)."""
+    from dlrm_platform.tuner.simulator import NoisyCounters, PipelineSim
+
+    rng = np.random.default_rng(0)
+    spec.options.setdefault("samples_per_sink_row", pipe.samples_per_sink_row)
+    ctl = Controller(spec)
+    sim = PipelineSim(pipe, rng)
+    sim.set_allocation(ctl.allocation)
+    noise = NoisyCounters(pipe.noise, rng, 0.0)
+    ctl.start_epoch()
+    ctl.tick(noise(RawSnapshot(0.0, {n: RawOp() for n in pipe.names}, 0.0, 0.0, pipe.mem_limit)), pipe.budget)
+    for _ in range(steps):
+        new = ctl.tick(noise(sim.step(spec.interval_s)), pipe.budget)
+        if new is not None:
+            sim.set_allocation(new)
+    ctl.end_epoch("succeeded")
+    return ctl, ctl.pop_records()
+
+
+def test_auto_steers_split_operators_with_plumber_and_explains_every_move():
+    pipe = _pipe()
+    ctl, records = _records_in_sim(pipe, _spec("auto", pipe), steps=40)
+    (note,) = [r for r in records if r["type"] == "note"]
+    assert note["choice"] == "plumber" and "3 operators" in note["reason"]
+    assert ctl.allocation["b"] >= 7  # the optimum is (1, 8, 4), as plumber finds it
+    moves = [r for r in records if r["type"] == "tick" and r["decision"]]
+    assert moves
+    for m in moves:
+        ex = m["explanation"]
+        assert ex["bottleneck"] in pipe.names and ex["expected_gain"] > 0, ex
+        assert ex["bottleneck"] in ex["text"] and "expected" in ex["text"]
+    assert moves[0]["explanation"]["bottleneck"] == "b"  # the 8x operator starts as the bottleneck
+    (report,) = [r for r in records if r["type"] == "report"]
+    assert "bottleneck:" in report["text"] and report["report"]["bottleneck"] in pipe.names
+
+
+def test_auto_holds_a_fused_pipeline_and_says_why():
+    pipe = SimPipeline(ops=[SimOp("read", 300.0, num_cpus=0.5)], budget=1.0, noise=0.03)
+    spec = _spec("auto", pipe, initial=2)
+    ctl, records = _records_in_sim(pipe, spec, steps=20)
+    (note,) = [r for r in records if r["type"] == "note"]
+    assert note["choice"] == "static" and "fused" in note["reason"]
+    assert all(not r.get("decision") for r in records if r["type"] == "tick")
+    assert ctl.allocation == {"read": 2}
+    assert ctl.policy.describe() == "auto -> static"
+
+
+def test_auto_re_decides_each_execution():
+    from dlrm_platform.tuner.policies import AutoPolicy
+
+    spec = TunerSpec("a", "auto", 4.0, [OpSpec("a", 1.0), OpSpec("b", 1.0)])
+    policy = AutoPolicy(spec)
+    obs = Observation(1.0, 1.0, [], 0.0, 0.0, 1e9, 0.0, 4.0)
+    policy.decide(obs, {"a": 1}, spec.ops[:1], 4.0)
+    policy.on_epoch_start(2)
+    policy.decide(obs, {"a": 1, "b": 1}, spec.ops, 4.0)
+    assert [n["choice"] for n in policy.pop_notes()] == ["static", "plumber"]
+    assert policy.pop_notes() == []
+
+
+def test_oracle_re_measures_the_allocations_it_must_beat_and_keeps_the_best():
+    # its own shortlist holds only poor allocations; another policy's final one (the optimum) is a finalist
+    pipe = SimPipeline(ops=[SimOp("a", 400.0), SimOp("b", 100.0)], budget=6.0, noise=0.0)
+    spec = _spec("oracle", pipe, initial=3, oracle_settle_s=1.0, oracle_measure_s=2.0, oracle_final_measure_s=2.0,
+                 oracle_candidates=[{"a": 5, "b": 1}, {"a": 4, "b": 2}],
+                 oracle_extra_candidates=[{"a": 1, "b": 5}, {"a": 9}])  # the second names other operators: ignored
+    trace = run_controller_in_sim(pipe, spec, steps=30)
+    assert trace[-1]["allocation"] == {"a": 1, "b": 5}
+    assert "done" in trace[-1]["policy_state"]

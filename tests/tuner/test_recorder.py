@@ -39,5 +39,23 @@ def test_summary_and_mlflow_logging(tmp_path):
     assert [m.value for m in sorted(hist, key=lambda m: m.step)][-1] == 5.0
     assert len(client.get_metric_history(run.info.run_id, "tuner/samples_per_s")) == 12
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"tuner_allocation.png", "tuner_history.json"} <= arts
+    assert {"tuner_allocation.png", "tuner_history.json", "tuner_decisions.json", "tuner_report.txt"} <= arts
     del mlflow
+
+
+def test_report_names_the_choice_each_decision_s_bottleneck_and_gain_and_the_cached_epochs():
+    spec = TunerSpec("rec-auto", "auto", 8.0, [OpSpec("read", 1.0), OpSpec("parse", 1.0)])
+    handle = TunerHandle(spec)
+    ticks = _ticks()
+    ticks[5]["explanation"] = {"bottleneck": "parse", "expected_gain": 0.5,
+                               "text": "bottleneck parse (100 samples/s); expected 150 samples/s (+50%)"}
+    handle._cache = [{"type": "note", "epoch": 1, "choice": "plumber", "reason": "2 operators"}, *ticks,
+                     {"type": "report", "epoch": 1, "text": "bottleneck: parse - lowest capacity"}]
+    (move,) = handle.decisions()
+    assert move["bottleneck"] == "parse" and move["expected_gain"] == 0.5 and move["change"] == {"parse": 3}
+    assert handle.summary()["choices"] == [{"epoch": 1, "choice": "plumber", "reason": "2 operators"}]
+    text = handle.report([{"epoch": 0, "source": "pipeline"}, {"epoch": 1, "source": "cache"}])
+    assert "pipeline execution 1: auto chose plumber: 2 operators" in text
+    assert "parse +3" in text and "expected 150 samples/s (+50%)" in text
+    assert "bottleneck: parse - lowest capacity" in text
+    assert "training epoch 1: replayed from the epoch cache" in text and "epoch 0: replayed" not in text

@@ -53,8 +53,9 @@ __all__ = [
     "preprocess_sessions",
 ]
 
-# Policies that only hold the config's numbers: nothing steers an operator on its own.
-_NON_STEERING_POLICIES = frozenset({"static"})
+# Policies that do not need the operators apart: `static` holds the config's numbers; `auto` keeps the
+# pipeline fused where fusion is on (fusion pays more than any allocation of split operators: tuner/README.md).
+_NON_STEERING_POLICIES = frozenset({"static", "auto"})
 _TARGET_BLOCK_BYTES = 8 << 20  # upper bound of one yielded block of packed batches
 _BATCHES_PER_BLOCK = 8  # default block: enough batches to amortise a block's overhead, early enough to overlap
 _MAX_ROWS_PER_TASK = 1 << 20  # a larger file is read by several tasks (row-group ranges)

@@ -209,6 +209,9 @@ def describe_decision(tick: dict[str, Any]) -> str:
     rate = tick.get("throughput")
     tail = f"; {rate:,.0f} samples/s before" if _finite(rate) else ""
     bottleneck = f", bottleneck {tick['bottleneck']}" if tick.get("bottleneck") else ""
+    why = (tick.get("explanation") or {}).get("text")
+    if why:
+        bottleneck = f"; {why}"
     return f"tuner ({tick.get('policy', '?')}): {changes} -> {allocation}{tail}{bottleneck}"
 
 

@@ -69,6 +69,7 @@ class Controller:
             self.t0 = time.time()
         self.observer.clear()
         self.observer.last_change_t = None
+        self.last_obs = None  # the report at the end covers this execution only
         if tuned is not None:
             self.tuned = [n for n in self.cpus if n in tuned]
         self.policy.on_epoch_start(self.epoch)
@@ -77,6 +78,21 @@ class Controller:
 
     def end_epoch(self, how: str) -> None:
         self._record({"type": "epoch_end", "how": how, "allocation": dict(self.allocation)})
+        self._record_report()
+
+    def _record_report(self) -> None:
+        """The Plumber-style bottleneck report of the execution's last observation."""
+        obs = self.last_obs
+        if obs is None:
+            return
+        try:
+            from dlrm_platform.tuner.plumber import analyse
+
+            specs = [o for o in self.spec.ops if o.name in obs.names]
+            report = analyse(obs, specs, obs.budget)
+            self._record({"type": "report", "report": report.to_dict(), "text": report.render()})
+        except Exception as err:  # noqa: BLE001 - telemetry must never stop the pipeline
+            self._record({"type": "report", "report": None, "text": f"no report: {err}"})
 
     # -- the loop
     def tick(self, snap: RawSnapshot, budget: float) -> Allocation | None:
@@ -92,17 +108,25 @@ class Controller:
         self.last_obs = obs
         decision = None
         changed = None
+        explanation = None
         if self.spec.controls:
             proposal = self.policy.decide(obs, dict(alloc), specs, budget)
+            for note in getattr(self.policy, "pop_notes", lambda: [])():
+                self._record({"type": "note", **note})
             if proposal is not None:
                 caps = {o.name: o.capacity for o in obs.ops}
                 proposal = project({n: proposal.get(n, alloc[n]) for n in alloc}, specs, budget, caps)
                 if proposal != alloc:
                     changed = proposal
                     decision = {n: proposal[n] - alloc[n] for n in alloc if proposal[n] != alloc[n]}
+                    try:
+                        explanation = self.policy.explain(obs, dict(alloc), dict(proposal), specs, budget)
+                    except Exception as err:  # noqa: BLE001 - an explanation must never stop a decision
+                        explanation = {"bottleneck": obs.bottleneck(), "expected_gain": None,
+                                       "text": f"no explanation: {err}"}
                     self.allocation.update(proposal)
                     self.observer.note_change(snap.t)
-        self._record_tick(obs, decision, budget)
+        self._record_tick(obs, decision, budget, explanation)
         return dict(self.allocation) if changed is not None else None
 
     def note_applied(self, applied: dict) -> None:
@@ -121,7 +145,8 @@ class Controller:
         rec["epoch"] = self.epoch
         self.records.append(rec)
 
-    def _record_tick(self, obs: Observation, decision: dict | None, budget: float) -> None:
+    def _record_tick(self, obs: Observation, decision: dict | None, budget: float,
+                     explanation: dict | None = None) -> None:
         per_op = {}
         for o in obs.ops:
             per_op[o.name] = {
@@ -153,6 +178,7 @@ class Controller:
             "budget": budget,
             "reward": reward(obs),
             "decision": decision,
+            "explanation": explanation,
             "policy_state": self.policy.describe(),
             "memory_guard_blocks": self.mem_blocks,
             "bottleneck": obs.bottleneck(),

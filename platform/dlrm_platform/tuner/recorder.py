@@ -133,15 +133,62 @@ class TunerHandle:
             "decisions": sum(1 for t in ticks if t.get("decision")),
             "epochs": max(t["epoch"] for t in ticks),
         })
+        choices = [{"epoch": r.get("epoch"), "choice": r.get("choice"), "reason": r.get("reason")}
+                   for r in self.history() if r.get("type") == "note" and r.get("choice")]
+        if choices:
+            out["choices"] = choices
         return out
+
+    def decisions(self) -> list[dict]:
+        """Every move: when, the change, the allocation after it, and its explanation (bottleneck, expected gain)."""
+        out = []
+        for t in self.ticks():
+            if t.get("decision"):
+                ex = t.get("explanation") or {}
+                out.append({"elapsed_s": t.get("elapsed"), "epoch": t.get("epoch"), "change": t["decision"],
+                            "allocation": t["allocation"], "samples_per_s_before": t.get("throughput"),
+                            "bottleneck": ex.get("bottleneck") or t.get("bottleneck"),
+                            "expected_gain": ex.get("expected_gain"), "why": ex.get("text")})
+        return out
+
+    def report(self, epochs: list[dict] | None = None) -> str:
+        """The run's tuner report: the policy's choice, its decisions, the bottleneck report of each
+        execution of the train pipeline the tuner saw (numbered from 1; a job's epochs from 0), and the epochs no pipeline ran for (``epochs``: the job's per-epoch
+        ``source``, ``pipeline`` or ``cache``)."""
+        records = self.history()
+        lines = [f"tuner policy: {self.policy} (tuner {self.tuner_id})"]
+        for r in records:
+            if r.get("type") == "note" and r.get("choice"):
+                lines.append(f"pipeline execution {r.get('epoch')}: {self.policy} chose {r['choice']}: "
+                             f"{r.get('reason', '')}")
+        for e in epochs or []:
+            if e.get("source") == "cache":
+                lines.append(f"training epoch {e.get('epoch')}: replayed from the epoch cache; no pipeline ran, "
+                             "nothing to tune")
+        moves = self.decisions()
+        lines += ["", f"decisions: {len(moves)}"]
+        for d in moves:
+            change = ", ".join(f"{op} {delta:+d}" for op, delta in d["change"].items())
+            lines.append(f"  t={d['elapsed_s'] or 0:.1f}s execution {d['epoch']}: {change} -> {d['allocation']}; "
+                         f"{d.get('why') or 'bottleneck ' + str(d.get('bottleneck'))}")
+        reports = [r for r in records if r.get("type") == "report"]
+        for i, r in enumerate(reports, 1):
+            lines += ["", f"bottleneck report, pipeline execution {r.get('epoch')} ({i} of {len(reports)}):",
+                      r.get("text", "")]
+        if not reports:
+            lines += ["", "bottleneck report: none (no execution ran long enough to be observed)"]
+        return "\n".join(lines) + "\n"
 
     # -- outputs
     def plot(self, path: str | Path, title: str | None = None) -> Path:
         return plot_history(self.ticks(), path, title or f"tuner {self.policy} ({self.tuner_id})")
 
-    def log_to_mlflow(self, client=None, run_id: str | None = None, artifact_dir: str | Path | None = None) -> None:
+    def log_to_mlflow(self, client=None, run_id: str | None = None, artifact_dir: str | Path | None = None,
+                      epochs: list[dict] | None = None) -> None:
         """Metrics ``tuner/samples_per_s``, ``tuner/slots/<op>``, ``tuner/mem_fraction`` per tick
-        (step = tick index), plus ``tuner_allocation.png`` and ``tuner_history.json`` artifacts."""
+        (step = tick index), plus the artifacts ``tuner_allocation.png`` (allocation and samples/s over
+        time), ``tuner_history.json`` (every record), ``tuner_decisions.json`` (each move with its
+        bottleneck and expected gain) and ``tuner_report.txt`` (:meth:`report`)."""
         import tempfile
 
         import mlflow
@@ -166,8 +213,12 @@ class TunerHandle:
         png = self.plot(tmp / "tuner_allocation.png")
         js = tmp / "tuner_history.json"
         js.write_text(json.dumps(self.history(), default=_json_default))
-        client.log_artifact(run_id, str(png))
-        client.log_artifact(run_id, str(js))
+        decisions = tmp / "tuner_decisions.json"
+        decisions.write_text(json.dumps(self.decisions(), default=_json_default, indent=1))
+        report = tmp / "tuner_report.txt"
+        report.write_text(self.report(epochs))
+        for path in (png, js, decisions, report):
+            client.log_artifact(run_id, str(path))
 
     def close(self) -> None:
         if self._recorder is not None:

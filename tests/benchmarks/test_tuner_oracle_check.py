@@ -1,0 +1,65 @@
+"""The tuner benchmark's oracle check (benchmarks/tuner.py), on fake numbers: no Ray, no timing."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("tuner_bench", REPO / "benchmarks" / "tuner.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["tuner_bench"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_confidence_interval_of_per_interval_samples(bench):
+    ci = bench.mean_ci([100.0, 110.0, 90.0, 100.0])
+    assert ci["mean"] == 100.0 and ci["n"] == 4
+    assert ci["ci95"] == pytest.approx(3.18 * np.std([100, 110, 90, 100], ddof=1) / 2)
+    assert math.isinf(bench.mean_ci([5.0])["ci95"])  # one sample says nothing about the noise
+
+
+def test_interval_rates_cut_the_steady_state_into_bins(bench):
+    ts = np.arange(0.5, 20.0, 1.0)  # a row batch every second ...
+    rows = np.full(len(ts), 100.0)  # ... of 100 rows
+    assert bench.interval_rates(ts, rows, 0.0, 20.0, bin_s=5.0) == [100.0] * 4
+
+
+def test_a_policy_within_the_noise_of_the_oracle_passes(bench):
+    stats = {"oracle": {"mean": 10_000.0, "ci95": 300.0}, "rl": {"mean": 10_200.0, "ci95": 300.0},
+             "plumber": {"mean": 9_000.0, "ci95": 100.0}}
+    check = bench.oracle_check(stats)
+    assert check["checked"] and check["ok"] and check["violations"] == []
+
+
+def test_a_policy_beating_the_oracle_by_more_than_the_noise_fails_the_run(bench):
+    # the issue's measurement: rl 10,575, oracle 7,155
+    stats = {"oracle": {"mean": 7_155.0, "ci95": 250.0}, "rl": {"mean": 10_575.0, "ci95": 300.0},
+             "static": {"mean": 7_000.0, "ci95": 200.0}}
+    check = bench.oracle_check(stats)
+    assert not check["ok"]
+    (v,) = check["violations"]
+    assert v["policy"] == "rl" and v["margin"] == pytest.approx(3_420.0)
+    assert v["noise"] == pytest.approx(math.hypot(300.0, 250.0))
+    assert "rl" in v["message"] and "not an upper bound" in v["message"]
+
+
+def test_no_oracle_no_check(bench):
+    assert bench.oracle_check({"rl": {"mean": 1.0, "ci95": 0.0}}) == {
+        "ok": True, "checked": False, "violations": [], "note": "no oracle run"}
+
+
+def test_ray_default_is_checked_at_the_tasks_ray_ran(bench):
+    assert bench.final_allocation({"policy": "ray_default", "observed_tasks_running": {"a": 2.6, "b": 0.2},
+                                   "final_allocation": {"a": 1, "b": 1}}) == {"a": 3, "b": 1}
+    assert bench.final_allocation({"policy": "rl", "final_allocation": {"a": 2}}) == {"a": 2}
