@@ -8,11 +8,32 @@ puts ``tests/`` on ``sys.path`` when it loads ``tests/conftest.py``, and
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def benchmark_module(script: str) -> Iterator[ModuleType]:
+    """Import ``benchmarks/<script>.py`` as a module for its unit tests; registered in ``sys.modules`` while in
+    use (its dataclasses look their module up) and removed after."""
+    name = f"{script}_bench"
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{script}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.modules.pop(name, None)
 
 
 def wait_for(what: str, probe: Callable[[], T], timeout_s: float, interval_s: float = 0.05) -> T:

@@ -3,7 +3,6 @@ samples, and (smoke, slow) it runs end to end at tiny sizes and writes the promi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -11,20 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from testkit import benchmark_module
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("train_speed_bench", REPO / "benchmarks" / "train_speed.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(mod)
+    with benchmark_module("train_speed") as mod:
         yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 class FakeClock:

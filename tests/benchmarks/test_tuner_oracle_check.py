@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from testkit import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("tuner_bench", REPO / "benchmarks" / "tuner.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["tuner_bench"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    with benchmark_module("tuner") as mod:
+        yield mod
 
 
 def test_confidence_interval_of_per_interval_samples(bench):

@@ -10,13 +10,13 @@ socket left open once the clients have gone. `make bench-api-soak` runs it for 5
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from testkit import benchmark_module
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "api_load.py"
@@ -24,14 +24,8 @@ BENCH = REPO / "benchmarks" / "api_load.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("api_load_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    try:
-        spec.loader.exec_module(mod)
+    with benchmark_module("api_load") as mod:
         yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_slope_and_resource_report(bench):

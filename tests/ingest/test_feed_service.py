@@ -9,52 +9,11 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import pytest
-from ray.data import DataContext
+from feed_fakes import FakeDataset
 
 from dlrm_platform.ingest.feed_service import FeedService
-
-
-@dataclass
-class _Meta:
-    num_rows: int
-    size_bytes: int
-
-
-@dataclass
-class _Entry:
-    ref: str
-    metadata: _Meta
-
-
-@dataclass
-class _Bundle:
-    blocks: tuple
-    slices: tuple | None = None
-
-
-class _FakeDataset:
-    """``iter_internal_ref_bundles`` over named blocks; counts executions; optional delay or failure."""
-
-    def __init__(self, name: str, blocks: int, rows: int = 4, nbytes: int = 100, delay_s: float = 0.0,
-                 fail_at: int | None = None) -> None:
-        self.context = DataContext()
-        self.name, self.n, self.rows, self.nbytes = name, blocks, rows, nbytes
-        self.delay_s, self.fail_at = delay_s, fail_at
-        self.executions = 0
-        self.pulled = 0
-
-    def iter_internal_ref_bundles(self):
-        self.executions += 1
-        execution = self.executions
-        for i in range(self.n):
-            if self.fail_at == i:
-                raise OSError(f"{self.name}: shard {i} unreadable")
-            time.sleep(self.delay_s)
-            self.pulled += 1
-            yield _Bundle((_Entry(f"{self.name}-x{execution}-b{i}", _Meta(self.rows, self.nbytes)),))
 
 
 def _drain(service: FeedService, name: str, epoch: int, rank: int, gen: int) -> list[str]:
@@ -76,7 +35,7 @@ def _wait(predicate, timeout_s: float = 5.0) -> None:
 
 
 def test_two_workers_get_every_block_exactly_once_per_pass():
-    ds = _FakeDataset("train", blocks=40, delay_s=0.001)
+    ds = FakeDataset("train", blocks=40, delay_s=0.001)
     service = FeedService({"train": ds}, consumers=2)
     results: dict[int, list[str]] = {}
 
@@ -99,7 +58,7 @@ def test_two_workers_get_every_block_exactly_once_per_pass():
 
 
 def test_each_epoch_is_a_new_execution():
-    ds = _FakeDataset("train", blocks=3)
+    ds = FakeDataset("train", blocks=3)
     service = FeedService({"train": ds})
     for epoch in range(3):
         gen = service.open("train", epoch, 0)
@@ -108,7 +67,7 @@ def test_each_epoch_is_a_new_execution():
 
 
 def test_ahead_passes_run_before_anyone_asks_and_in_order():
-    train, evals = _FakeDataset("train", blocks=5), _FakeDataset("eval", blocks=2)
+    train, evals = FakeDataset("train", blocks=5), FakeDataset("eval", blocks=2)
     service = FeedService({"train": train, "eval": evals}, ahead=[("train", 0), ("eval", 0)])
     _wait(lambda: train.pulled == 5 and evals.pulled == 2)  # both passes produced with no worker yet
     gen = service.open("train", 0, 0)
@@ -121,7 +80,7 @@ def test_ahead_passes_run_before_anyone_asks_and_in_order():
 
 
 def test_a_resumed_run_drops_the_passes_run_ahead_for_epochs_it_skips():
-    train = _FakeDataset("train", blocks=200, delay_s=0.005)
+    train = FakeDataset("train", blocks=200, delay_s=0.005)
     service = FeedService({"train": train}, ahead=[("train", 0)])
     _wait(lambda: train.pulled > 0)
     gen = service.open("train", 3, 0)  # the checkpoint says epoch 3
@@ -135,7 +94,7 @@ def test_a_resumed_run_drops_the_passes_run_ahead_for_epochs_it_skips():
 
 
 def test_a_restarted_worker_restarts_the_pass_and_the_others_join_it():
-    ds = _FakeDataset("train", blocks=10)
+    ds = FakeDataset("train", blocks=10)
     service = FeedService({"train": ds}, consumers=2)
     g1 = service.open("train", 0, 0)
     service.open("train", 0, 1)
@@ -152,7 +111,7 @@ def test_a_restarted_worker_restarts_the_pass_and_the_others_join_it():
 
 
 def test_blocks_ahead_are_bounded():
-    ds = _FakeDataset("train", blocks=50, nbytes=100)
+    ds = FakeDataset("train", blocks=50, nbytes=100)
     service = FeedService({"train": ds}, max_ahead_bytes=1_000)
     gen = service.open("train", 0, 0)
     _wait(lambda: ds.pulled >= 10)
@@ -162,7 +121,7 @@ def test_blocks_ahead_are_bounded():
 
 
 def test_a_failed_pass_raises_in_the_worker():
-    ds = _FakeDataset("train", blocks=5, fail_at=2)
+    ds = FakeDataset("train", blocks=5, fail_at=2)
     service = FeedService({"train": ds})
     gen = service.open("train", 0, 0)
     with pytest.raises(OSError, match="shard 2 unreadable"):
@@ -170,20 +129,20 @@ def test_a_failed_pass_raises_in_the_worker():
 
 
 def test_unknown_dataset_is_named():
-    service = FeedService({"train": _FakeDataset("train", blocks=1)})
+    service = FeedService({"train": FakeDataset("train", blocks=1)})
     with pytest.raises(KeyError, match="no dataset 'eval'"):
         service.open("eval", 0, 0)
 
 
 def test_take_returns_retry_instead_of_blocking_forever():
-    ds = _FakeDataset("train", blocks=2, delay_s=1.0)
+    ds = FakeDataset("train", blocks=2, delay_s=1.0)
     service = FeedService({"train": ds})
     gen = service.open("train", 0, 0)
     assert service.take("train", 0, gen, 0, timeout_s=0.05) == "retry"
 
 
 def test_a_worker_ahead_of_the_others_waits_for_them():
-    ds = _FakeDataset("train", blocks=30, rows=4)
+    ds = FakeDataset("train", blocks=30, rows=4)
     service = FeedService({"train": ds}, ahead=[("train", 0)], consumers=2)
     _wait(lambda: ds.pulled == 30)
     gen = service.open("train", 0, 0)
@@ -212,7 +171,7 @@ def test_a_worker_ahead_of_the_others_waits_for_them():
 
 
 def test_a_worker_held_back_too_long_takes_anyway():
-    ds = _FakeDataset("train", blocks=10, rows=4)
+    ds = FakeDataset("train", blocks=10, rows=4)
     service = FeedService({"train": ds}, consumers=2)
     gen = service.open("train", 0, 0)
     service.open("train", 0, 1)  # rank 1 opened but never takes (its read-ahead is full, say)

@@ -6,41 +6,15 @@ Packed-row re-cutting (``concat_packed``) runs on real packed rows, plain and de
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from ray.data import DataContext
+from feed_fakes import FakeDataset
 
 from dlrm_platform.ingest.batching import concat_packed, pack_table, packed_num_samples
 from dlrm_platform.ingest.dedup_batching import pack_dedup_arrays
 from dlrm_platform.ingest.feed_service import FeedService, Step, step_table
-
-
-@dataclass
-class _Stats:
-    cpu_time_s: float
-
-
-@dataclass
-class _Meta:
-    num_rows: int
-    size_bytes: int
-    exec_stats: _Stats
-
-
-@dataclass
-class _Entry:
-    ref: str
-    metadata: _Meta
-
-
-@dataclass
-class _Bundle:
-    blocks: tuple
-    slices: tuple | None = None
 
 
 def _samples(ref: str, row: int) -> int:
@@ -51,21 +25,6 @@ def _samples(ref: str, row: int) -> int:
 
 def _counts(blocks) -> list[list[int]]:
     return [[_samples(b.ref, r) for r in range(4)] for b in blocks]
-
-
-class _FakeDataset:
-    def __init__(self, name: str, blocks: int, delay_s: float = 0.0, cpu_s: float = 0.5) -> None:
-        self.context = DataContext()
-        self.name, self.n, self.delay_s, self.cpu_s = name, blocks, delay_s, cpu_s
-        self.executions = 0
-        self.pulled = 0
-
-    def iter_internal_ref_bundles(self):
-        self.executions += 1
-        for i in range(self.n):
-            time.sleep(self.delay_s)
-            self.pulled += 1
-            yield _Bundle((_Entry(f"{self.name}-x{self.executions}-b{i}", _Meta(4, 100, _Stats(self.cpu_s))),))
 
 
 def _drain(service, name, epoch, rank, gen, job="") -> list:
@@ -99,7 +58,7 @@ def _run_workers(service, ranks, job="", name="train", epoch=0) -> dict[int, lis
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_steps_mode_gives_every_worker_a_batch_of_equal_size_every_step(workers):
-    ds = _FakeDataset("train", blocks=30, delay_s=0.001)
+    ds = FakeDataset("train", blocks=30, delay_s=0.001)
     service = FeedService({"train": ds}, consumers=workers, step_samples=64, sample_counts=_counts)
     results = _run_workers(service, range(workers))
     steps = [results[r] for r in range(workers)]
@@ -129,7 +88,7 @@ def test_steps_mode_gives_every_worker_a_batch_of_equal_size_every_step(workers)
 
 def test_blocks_mode_sizes_differ_per_step():
     """The baseline the steps mode fixes: handing out whole session-sized batches, steps are uneven."""
-    ds = _FakeDataset("train", blocks=20)
+    ds = FakeDataset("train", blocks=20)
     service = FeedService({"train": ds}, consumers=2, sample_counts=_counts)
     results = _run_workers(service, [0, 1])
     assert sorted(results[0] + results[1]) == sorted(f"train-x1-b{i}" for i in range(20))
@@ -219,7 +178,7 @@ def test_step_table_joins_pieces_of_sliced_blocks():
 
 
 def test_a_job_joining_late_reads_the_same_stream_from_its_start():
-    ds = _FakeDataset("train", blocks=40, delay_s=0.002)
+    ds = FakeDataset("train", blocks=40, delay_s=0.002)
     service = FeedService({"train": ds}, retain_bytes=10_000)
     service.attach("a", consumers=2)
     gen_a0, gen_a1 = service.open("train", 0, 0, "a"), service.open("train", 0, 1, "a")
@@ -256,7 +215,7 @@ def test_a_job_joining_late_reads_the_same_stream_from_its_start():
 
 
 def test_without_retention_a_late_job_gets_its_own_stream():
-    ds = _FakeDataset("train", blocks=10)
+    ds = FakeDataset("train", blocks=10)
     service = FeedService({"train": ds})  # retain_bytes=0: what a job's own service does
     service.attach("a", consumers=1)
     gen = service.open("train", 0, 0, "a")
@@ -269,7 +228,7 @@ def test_without_retention_a_late_job_gets_its_own_stream():
 
 
 def test_retention_is_bounded():
-    ds = _FakeDataset("train", blocks=30)
+    ds = FakeDataset("train", blocks=30)
     service = FeedService({"train": ds}, retain_bytes=500)
     service.attach("a", consumers=1)
     assert len(_drain(service, "train", 0, 0, service.open("train", 0, 0, "a"), "a")) == 30
@@ -283,7 +242,7 @@ def test_retention_is_bounded():
 
 
 def test_steps_mode_on_a_shared_stream_deals_each_job_its_own_steps():
-    ds = _FakeDataset("train", blocks=20)
+    ds = FakeDataset("train", blocks=20)
     service = FeedService({"train": ds}, retain_bytes=1 << 20, sample_counts=_counts)
     service.attach("a", consumers=2, step_samples=32)
     service.attach("b", consumers=1)
@@ -304,7 +263,7 @@ def test_steps_mode_on_a_shared_stream_deals_each_job_its_own_steps():
 
 
 def test_detach_counts_the_jobs_left_and_a_closing_service_refuses_new_ones():
-    service = FeedService({"train": _FakeDataset("train", blocks=1)}, lease_s=3600)
+    service = FeedService({"train": FakeDataset("train", blocks=1)}, lease_s=3600)
     assert service.attach("a", 1) == 2  # the default job counts in attach, not in detach
     assert service.attach("b", 1) == 3
     assert service.detach("a") == 1
