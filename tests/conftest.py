@@ -11,6 +11,11 @@ from hypothesis import settings
 from fuzzing import CHAOS_EXAMPLES, CHAOS_PROFILE
 from testkit import local_ray
 
+# Code that reaches Ray outside a fixture must fail here, not start a stray local cluster from whichever thread
+# touched Ray first: a feed service's lease thread once did, in a unit test; that cluster died under a later
+# test and Ray ended the whole pytest process 60 s later ("Failed to connect to GCS"), with no summary.
+os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
+
 # `pytest --hypothesis-profile=chaos` (or DLRM_HYPOTHESIS_PROFILE=chaos): 600+ inputs per fuzz test.
 settings.register_profile(CHAOS_PROFILE, max_examples=CHAOS_EXAMPLES, deadline=None, print_blob=True)
 if os.environ.get("DLRM_HYPOTHESIS_PROFILE"):

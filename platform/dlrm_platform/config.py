@@ -417,6 +417,11 @@ class PlacementConfig(StrictModel):
         default=None, min_length=1,
         description="every training worker asks a sliver of this resource: trainers run only on those nodes",
     )
+    max_data_cpus: float | None = Field(
+        default=None, gt=0,
+        description="with data_resource and no ingest.data_cpus, the most data-node CPUs the pipeline's task "
+        "pools and the tuner are sized for as data nodes join a running job; None: 4x the data CPUs at start",
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> PlacementConfig:

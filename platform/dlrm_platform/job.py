@@ -188,7 +188,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
                 run_log.advise_when_starved(starved_cpu_advice(job, budget))
             client.log_param(run_id, "cpu_budget", budget.describe())
             result = None
-            datasets, tuner_handle = build_tuned_datasets(job, files, quarantine_dir, budget.data)
+            datasets, tuner_handle = build_tuned_datasets(job, files, quarantine_dir, budget.data, budget.sized_for)
             stage.info("pipeline built: %s; tuner: %s", datasets.describe(), job.tuner.policy)
             try:
                 client.log_param(run_id, "pipeline", datasets.describe())

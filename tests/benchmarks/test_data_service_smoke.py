@@ -45,7 +45,8 @@ def test_quick_run_writes_every_section(tmp_path):
     assert results["sharing"]["shared"]["full_epoch_each"]
     cr = results["coordinated_reads"]
     assert cr["session_batches"]["steps"]["samples"] == cr["session_batches"]["blocks"]["samples"]
-    # Added nodes get work: reads overlap in some pass on 4 nodes. Not per timed pass: at these tiny sizes Ray Data
-    # ran the timed pass's reads one at a time in one CI run (the scale-out gap #13 still has open).
-    assert max(p["concurrent_reads"] for p in results["scale_out"]["nodes_4_passes"]) >= 2
+    # Added nodes get work in the timed pass on 4 nodes (before the feed service's node watch, Ray Data's
+    # coordinator saw joined nodes only after its 20 s refresh, and the timed pass read one block at a time).
+    timed = [p for p in results["scale_out"]["nodes_4_passes"] if p["timed"]]
+    assert timed and all(p["concurrent_reads"] >= 2 for p in timed), results["scale_out"]["nodes_4_passes"]
     assert "simulated" in proc.stdout

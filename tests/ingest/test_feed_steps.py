@@ -270,3 +270,14 @@ def test_detach_counts_the_jobs_left_and_a_closing_service_refuses_new_ones():
     assert service.detach("b") == 0
     with pytest.raises(RuntimeError, match="closing"):
         service.attach("c", 1)
+
+
+def test_a_closing_service_outside_an_actor_starts_no_ray():
+    """The lease thread ends the actor it runs in; built in-process it must not auto-start a local Ray cluster."""
+    import ray
+
+    from dlrm_platform.ingest import feed_service
+
+    assert not ray.is_initialized()
+    feed_service._end_this_actor()
+    assert not ray.is_initialized()

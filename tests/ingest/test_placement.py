@@ -57,3 +57,26 @@ def test_placement_resources_must_differ_and_be_named(tmp_path):
     config.write_text("data: {path: /tmp/x, columns: {item: {dense: [d]}}}\nray: {placement: {data_nodes: cpu}}\n")
     with pytest.raises(ConfigError, match="ray.placement.data_nodes"):
         load_job_config(config, [])
+
+
+def test_an_elastic_pipeline_is_sized_for_data_nodes_that_join_later():
+    from dlrm_platform.ingest.pipeline import ELASTIC_HEADROOM, fused_operator
+
+    job = _job(data_resource="data_worker", trainer_resource="trainer")
+    budget = cpu_budget(job, 56.0, NODES)
+    assert budget.elastic and budget.sized_for == ELASTIC_HEADROOM * 32.0
+    assert "elastic" in budget.describe()
+    # the fused operator's task pool holds the ceiling's tasks, at the start's CPUs per task
+    now, later = fused_operator(job.ingest, budget.data), fused_operator(job.ingest, budget.data, budget.sized_for)
+    assert later.num_cpus == now.num_cpus == 1.0 and later.concurrency == 4 * now.concurrency == 128
+    # a configured ceiling wins; a fixed ingest.data_cpus is not elastic and is sized for itself
+    capped = _job(data_resource="data_worker", trainer_resource="trainer", max_data_cpus=48)
+    assert cpu_budget(capped, 56.0, NODES).sized_for == 48.0
+    fixed = job.model_copy(update={"ingest": job.ingest.model_copy(update={"data_cpus": 8.0})})
+    assert not cpu_budget(fixed, 56.0, NODES).elastic and cpu_budget(fixed, 56.0, NODES).sized_for == 8.0
+    assert cpu_budget(_job(), 4.0, NODES).sized_for == 2.0  # one machine: as before
+
+
+def test_max_data_cpus_must_be_positive():
+    with pytest.raises(Exception, match="max_data_cpus"):
+        _job(data_resource="data_worker", max_data_cpus=0)

@@ -117,3 +117,45 @@ def test_the_executing_side_re_validates_the_spec_it_reads():
     with pytest.raises(TypeError, match="not a TunerSpec"):
         ray_hooks.spec_from_context(ctx)
     ray_hooks.uninstall(ctx)
+
+
+def test_the_coordinator_tick_takes_a_recompute_flag():
+    # refresh_cluster_view relies on it: without it a joined data node waits for Ray's own 20 s tick.
+    import inspect
+
+    actor = ray_hooks._imp(ray_hooks._COORDINATOR, "_AutoscalingCoordinatorActor")
+    assert "recompute" in inspect.signature(actor.get_reserved_resources).parameters
+
+
+def test_node_watch_refreshes_only_when_the_nodes_change():
+    nodes = [frozenset({("a", 1.0)})]
+    refreshed: list[int] = []
+    watch = ray_hooks.NodeWatch(interval_s=3600, nodes=lambda: nodes[0], refresh=lambda: refreshed.append(1))
+    try:
+        assert not watch.check() and not refreshed
+        nodes[0] = frozenset({("a", 1.0), ("b", 1.0)})  # a data node joins
+        assert watch.check() and len(refreshed) == 1
+        assert not watch.check() and len(refreshed) == 1  # seen: no second refresh
+        nodes[0] = frozenset({("b", 1.0)})  # one leaves
+        assert watch.check() and watch.refreshes == 2
+    finally:
+        watch.stop()
+
+
+def test_a_failed_refresh_is_tried_again_at_the_next_poll():
+    nodes = [frozenset({("a", 1.0)})]
+    calls: list[int] = []
+
+    def refresh():
+        calls.append(1)
+        if len(calls) == 1:
+            raise TimeoutError("coordinator busy")
+
+    watch = ray_hooks.NodeWatch(interval_s=3600, nodes=lambda: nodes[0], refresh=refresh)
+    try:
+        nodes[0] = frozenset({("a", 1.0), ("b", 1.0)})
+        with pytest.raises(TimeoutError):
+            watch.check()
+        assert watch.check() and len(calls) == 2
+    finally:
+        watch.stop()

@@ -243,8 +243,23 @@ class FeedService:
         self._jobs: dict[str, _Job] = {}
         self._closing = False
         self._attach_locked(DEFAULT_JOB, consumers, step_samples, ahead)
+        self._watch_nodes()
         if lease_s is not None:
             threading.Thread(target=self._reap, name="feed-lease", daemon=True).start()
+
+    @staticmethod
+    def _watch_nodes() -> None:
+        """Data nodes that join while a pass streams get its tasks within seconds (elastic scale-out).
+
+        Ray Data's own view of the cluster lags up to 20 s; the hook lives in the tuner's
+        ``ray_hooks``, the one module allowed to touch Ray Data internals.
+        """
+        import ray
+
+        if ray.is_initialized():
+            from dlrm_platform.tuner.ray_hooks import keep_cluster_view_fresh
+
+            keep_cluster_view_fresh()
 
     # ----------------------------------------------------------------- jobs
 
@@ -303,12 +318,7 @@ class FeedService:
                 if not [j for j in self._jobs if j != DEFAULT_JOB]:
                     self._closing = True
             if self._closing:
-                import ray
-
-                try:
-                    ray.kill(ray.get_runtime_context().current_actor)
-                except RuntimeError:  # not an actor (tests): nothing to end
-                    pass
+                _end_this_actor()
                 return
 
     def _job(self, job: str) -> _Job:
@@ -607,6 +617,19 @@ class FeedService:
     def _counts_needed(self) -> bool:
         with self._lock:
             return any(j.step_samples for j in self._jobs.values())
+
+
+def _end_this_actor() -> None:
+    """Kill the actor this runs in; nothing outside an actor (a service built in-process, as unit tests do).
+
+    Checked before asking Ray: ``ray.get_runtime_context()`` in a process without Ray starts a
+    local cluster (Ray's auto-init), from this daemon thread, which nobody then shuts down.
+    """
+    import ray
+
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return
+    ray.kill(ray.get_runtime_context().current_actor)
 
 
 def _block_refs(bundle: Any) -> tuple[list[BlockRef], int, int, float]:

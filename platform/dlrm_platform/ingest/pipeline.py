@@ -63,9 +63,21 @@ class CpuBudget:
     # With ray.placement.data_resource and no ingest.data_cpus: Ray Data's limit follows the data nodes
     # (data nodes added while the job runs get work; see execution_options).
     elastic: bool = False
+    # Elastic only: the most data CPUs the task pools and the tuner are sized for (ray.placement.max_data_cpus).
+    ceiling: float | None = None
+
+    @property
+    def sized_for(self) -> float:
+        """The data CPUs the pipeline's task pools and the tuner are sized for: :attr:`data`, or the elastic ceiling.
+
+        Sizing an elastic pipeline for today's CPUs would cap it there; Ray Data's live
+        limit (the data nodes present) keeps what runs within what exists.
+        """
+        return max(self.data, self.ceiling) if self.elastic and self.ceiling else self.data
 
     def describe(self) -> str:
-        return f"{self.total:g} CPUs: {self.train:g} for training, {self.data:g} for data"
+        text = f"{self.total:g} CPUs: {self.train:g} for training, {self.data:g} for data"
+        return text + (f" (elastic: follows the data nodes, sized for up to {self.sized_for:g})" if self.elastic else "")
 
 
 # A placed process asks this much of its node group's custom resource: enough to pin it there,
@@ -105,6 +117,16 @@ def placed_data_cpus(job: JobConfig, nodes: list[dict]) -> float | None:
     return cpus - (_train_cpus(job) if shared else 0.0)
 
 
+# Without ray.placement.max_data_cpus, an elastic pipeline is sized for this many times its data CPUs at start.
+ELASTIC_HEADROOM = 4.0
+
+
+def placement_ceiling(job: JobConfig, data_cpus: float) -> float:
+    """The most data CPUs an elastic job's pipeline is sized for (``ray.placement.max_data_cpus``)."""
+    configured = job.ray.placement.max_data_cpus
+    return float(configured) if configured is not None else ELASTIC_HEADROOM * data_cpus
+
+
 def cpu_budget(job: JobConfig, cluster_cpus: float, nodes: list[dict] | None = None) -> CpuBudget:
     """Split ``cluster_cpus``; raise a UserError naming the fields when they do not fit.
 
@@ -119,7 +141,9 @@ def cpu_budget(job: JobConfig, cluster_cpus: float, nodes: list[dict] | None = N
             raise UserError(f"the data nodes (ray.placement.data_resource={job.ray.placement.data_resource!r}) have "
                             f"no CPUs left after the trainers' {train:g}; add data nodes or set "
                             "ray.placement.trainer_resource to keep trainers off them")
-        return CpuBudget(total=cluster_cpus, train=train, data=data, elastic=job.ingest.data_cpus is None)
+        elastic = job.ingest.data_cpus is None
+        ceiling = (placement_ceiling(job, data) if elastic else None)
+        return CpuBudget(total=cluster_cpus, train=train, data=data, elastic=elastic, ceiling=ceiling)
     data = job.ingest.data_cpus if job.ingest.data_cpus is not None else cluster_cpus - train
     if data <= 0 or train + data > cluster_cpus + 1e-9:
         raise UserError(
@@ -258,17 +282,20 @@ class PipelineDatasets:
         return f"fused: read..batch in one task, {self.block_rows:,} samples per block{size}"
 
 
-def fused_operator(ingest: IngestConfig, data_cpus: float) -> OperatorConfig:
+def fused_operator(ingest: IngestConfig, data_cpus: float, sized_for: float | None = None) -> OperatorConfig:
     """Tasks and CPUs of the fused operator: ``ingest.fused``, else from the data CPUs.
 
     At most 1 CPU per task and at least two tasks, so that one task's reads
     and object-store puts overlap another's transforms even on a single data
     CPU (measured on the demo, 1 data CPU: two half-CPU tasks beat one).
+    ``sized_for`` (an elastic budget's :attr:`CpuBudget.sized_for`): as many
+    tasks as that many CPUs hold, so that data nodes joining later get tasks.
     """
     if ingest.fused is not None:
         return ingest.fused
     num_cpus = min(1.0, data_cpus / 2)
-    return OperatorConfig(concurrency=max(2, int(math.floor(data_cpus / num_cpus + 1e-9))), num_cpus=num_cpus)
+    cpus = max(data_cpus, sized_for or 0.0)
+    return OperatorConfig(concurrency=max(2, int(math.floor(cpus / num_cpus + 1e-9))), num_cpus=num_cpus)
 
 
 def _import_operators(hold_s: float) -> int:

@@ -46,12 +46,17 @@ class JobPipelinePlan:
         return self.fused_op is not None
 
 
-def plan_job_pipelines(job: JobConfig, data_cpus: float, tuner_cfg: TunerConfig | None) -> JobPipelinePlan:
-    """The layout `run` builds for ``job`` on ``data_cpus``; split pools are sized for ``tuner_cfg``."""
+def plan_job_pipelines(job: JobConfig, data_cpus: float, tuner_cfg: TunerConfig | None,
+                       sized_for: float | None = None) -> JobPipelinePlan:
+    """The layout `run` builds for ``job`` on ``data_cpus``; split pools are sized for ``tuner_cfg``.
+
+    ``sized_for``: an elastic budget's ceiling (:attr:`.pipeline.CpuBudget.sized_for`); task pools hold that
+    many CPUs' worth of tasks so that data nodes that join later get work.
+    """
     if fusion_enabled(job.ingest, job.tuner):
-        op = fused_operator(job.ingest, data_cpus)
+        op = fused_operator(job.ingest, data_cpus, sized_for)
         return JobPipelinePlan(job, op, [OpSpec("read", op.num_cpus, initial=op.concurrency)])
-    pools = compute_strategies(tuner_cfg, job.ingest, cpu_budget=data_cpus)
+    pools = compute_strategies(tuner_cfg, job.ingest, cpu_budget=max(data_cpus, sized_for or 0.0))
     operators = job.ingest.operators.model_copy(
         update={name: getattr(job.ingest.operators, name).model_copy(update={"concurrency": pool.size})
                 for name, pool in pools.items()}
@@ -68,9 +73,15 @@ def build_job_pipelines(plan: JobPipelinePlan, files, quarantine_dir: Path) -> P
     return build_job_datasets(plan.job, files.train, files.eval, quarantine_dir, fused_op=plan.fused_op)
 
 
-def build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus: float):
-    """The job's pipelines with the tuner installed on the train pipeline; returns (datasets, tuner handle)."""
-    plan = plan_job_pipelines(job, data_cpus, job.tuner)
+def build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus: float,
+                         sized_for: float | None = None):
+    """The job's pipelines with the tuner installed on the train pipeline; returns (datasets, tuner handle).
+
+    ``sized_for`` (elastic budgets): the tuner's CPU ceiling; within it, each tick's budget is Ray Data's live
+    limit, which follows the data nodes.
+    """
+    plan = plan_job_pipelines(job, data_cpus, job.tuner, sized_for)
+    data_cpus = max(data_cpus, sized_for or 0.0)
     datasets = build_job_pipelines(plan, files, quarantine_dir)
     if plan.fused_op is not None:
         op = plan.fused_op

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 SPEC_KEY = "dlrm_platform.tuner.spec"
 
+_COORDINATOR = "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator"
+
 # (module, attribute, [members that must exist on it]); members starting with
 # "self." are instance attributes checked in the class's source.
 REQUIRED_HOOKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -82,6 +84,8 @@ REQUIRED_HOOKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
       "self._data_context", "self._callbacks")),
     ("ray.data.context", "DataContext",
      ("custom_execution_callback_classes", "op_resource_reservation_enabled", "set_config", "get_config")),
+    (_COORDINATOR, "get_or_create_autoscaling_coordinator", ()),
+    (_COORDINATOR, "_AutoscalingCoordinatorActor", ("get_reserved_resources", "TICK_INTERVAL_S")),
 )
 
 
@@ -514,3 +518,79 @@ def task_pool_strategy(size: int):
     from ray.data import TaskPoolStrategy
 
     return TaskPoolStrategy(size=size)
+
+
+# --------------------------------------------------------------------------- cluster view
+
+
+def refresh_cluster_view(timeout_s: float = 10.0) -> None:
+    """Make Ray Data's autoscaling coordinator re-read the cluster's nodes now.
+
+    Ray Data 2.60 caps every execution's resources at what its cluster-wide
+    coordinator actor has reserved for it, and that actor re-reads ``ray.nodes()``
+    only every ``TICK_INTERVAL_S`` (20 s). A data node that joins a running job
+    therefore got no task for up to 20 s; with passes of a few seconds, often never.
+    ``get_reserved_resources(recompute=True)`` runs one tick at once.
+    """
+    import ray
+
+    coordinator = _imp(_COORDINATOR, "get_or_create_autoscaling_coordinator")()
+    ray.get(coordinator.get_reserved_resources.remote("dlrm-platform-node-watch", recompute=True), timeout=timeout_s)
+
+
+def _alive_nodes() -> frozenset[tuple[str, float]]:
+    import ray
+
+    return frozenset((n["NodeID"], float(n["Resources"].get("CPU", 0.0))) for n in ray.nodes() if n.get("Alive"))
+
+
+class NodeWatch:
+    """A daemon thread that calls :func:`refresh_cluster_view` whenever a node joins or leaves.
+
+    One per process (:func:`keep_cluster_view_fresh`): the process that runs the
+    pipeline's executions (the feed service) so that added data nodes get work
+    within ``interval_s`` plus Ray Data's one-second limit refresh, without a restart.
+    """
+
+    def __init__(self, interval_s: float = 2.0, nodes: Any = _alive_nodes, refresh: Any = refresh_cluster_view) -> None:
+        self.interval_s = interval_s
+        self.refreshes = 0
+        self._nodes, self._refresh = nodes, refresh
+        self._seen = nodes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ray-data-node-watch", daemon=True)
+        self._thread.start()
+
+    def check(self) -> bool:
+        """Refresh when the nodes changed since the last check; True when it did."""
+        now = self._nodes()
+        if now == self._seen:
+            return False
+        log.info("cluster changed: %d node(s), %g CPUs; Ray Data re-reads it now", len(now), sum(c for _, c in now))
+        self._refresh()
+        self._seen = now
+        self.refreshes += 1
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.check()
+            except Exception as err:  # noqa: BLE001 - a failed poll must not end the watch; Ray's own tick still runs
+                log.debug("node watch: %s", err)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+_node_watch: NodeWatch | None = None
+_node_watch_lock = threading.Lock()
+
+
+def keep_cluster_view_fresh(interval_s: float = 2.0) -> NodeWatch:
+    """Start this process's :class:`NodeWatch` (once; later calls return it)."""
+    global _node_watch
+    with _node_watch_lock:
+        if _node_watch is None:
+            _node_watch = NodeWatch(interval_s)
+        return _node_watch
