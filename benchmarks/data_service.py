@@ -412,6 +412,11 @@ def scale_out(args) -> dict[str, Any]:
                 cluster.add_node(num_cpus=1, resources={"data": 1})
                 nodes += 1
             cluster.wait_for_nodes()
+            if want > 1:
+                # The feed service's node watch tells Ray Data within a second (tuner/ray_hooks.NodeWatch), and a
+                # running execution re-reads its limit every second: give both that long before the passes. Without
+                # the watch Ray Data's own refresh takes up to 20 s and these passes ran one read at a time.
+                time.sleep(2.5)
             best, overlap, passes = 0.0, 0, []
             for i in range(args.rounds + 1):  # the first pass after nodes join starts their workers: not timed
                 start, n, spans = time.perf_counter(), 0, set()

@@ -36,7 +36,7 @@ def test_quick_run_writes_every_section(tmp_path):
     out = tmp_path / "data_service.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "data_service.py"), "--quick", "--samples", "12000",
-         "--blocks", "4", "--latency-s", "0.3", "--rounds", "1", "--workdir", str(tmp_path), "--json", str(out)],
+         "--blocks", "8", "--latency-s", "0.5", "--rounds", "1", "--workdir", str(tmp_path), "--json", str(out)],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
@@ -47,6 +47,8 @@ def test_quick_run_writes_every_section(tmp_path):
     assert cr["session_batches"]["steps"]["samples"] == cr["session_batches"]["blocks"]["samples"]
     # Added nodes get work in the timed pass on 4 nodes (before the feed service's node watch, Ray Data's
     # coordinator saw joined nodes only after its 20 s refresh, and the timed pass read one block at a time).
+    # 8 blocks of 0.5 s: a pass outlasts the first second of an execution, which Ray Data 2.60 runs one task at a
+    # time (its CPU limit reads 0 until the coordinator's first answer); 4 blocks of 0.3 s did not.
     timed = [p for p in results["scale_out"]["nodes_4_passes"] if p["timed"]]
     assert timed and all(p["concurrent_reads"] >= 2 for p in timed), results["scale_out"]["nodes_4_passes"]
     assert "simulated" in proc.stdout

@@ -3,6 +3,7 @@ Ray, and a job resuming from a truncated checkpoint restores the previous intact
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ def test_truncated_checkpoint_falls_back_to_the_previous_one(ray_cluster, tmp_pa
                          storage_path=str(tmp_path / "ray"), run_name="first")
     run_dir = Path(first.checkpoint_path).parent
     kept = sorted(p.name for p in run_dir.glob("checkpoint_e*"))
-    assert kept == ["checkpoint_e000_s00000007_end", "checkpoint_e001_s00000014_end"], kept
+    # Two workers read in coordinated steps (ingest.coordinated_reads auto): 2 x 64 samples a step.
+    steps = math.ceil(sum(TRAIN_BATCH_SIZES) / (2 * 64))
+    assert kept == [f"checkpoint_e000_s{steps:08d}_end", f"checkpoint_e001_s{2 * steps:08d}_end"], kept
     for name in kept:  # both ranks' manifests, merged by Ray into one directory, and every file intact
         assert {p.name for p in (run_dir / name).glob("manifest-rank*.json")} == {"manifest-rank0.json",
                                                                                "manifest-rank1.json"}

@@ -552,7 +552,7 @@ class NodeWatch:
     within ``interval_s`` plus Ray Data's one-second limit refresh, without a restart.
     """
 
-    def __init__(self, interval_s: float = 2.0, nodes: Any = _alive_nodes, refresh: Any = refresh_cluster_view) -> None:
+    def __init__(self, interval_s: float = 1.0, nodes: Any = _alive_nodes, refresh: Any = refresh_cluster_view) -> None:
         self.interval_s = interval_s
         self.refreshes = 0
         self._nodes, self._refresh = nodes, refresh
@@ -587,7 +587,7 @@ _node_watch: NodeWatch | None = None
 _node_watch_lock = threading.Lock()
 
 
-def keep_cluster_view_fresh(interval_s: float = 2.0) -> NodeWatch:
+def keep_cluster_view_fresh(interval_s: float = 1.0) -> NodeWatch:
     """Start this process's :class:`NodeWatch` (once; later calls return it)."""
     global _node_watch
     with _node_watch_lock:
