@@ -687,12 +687,23 @@ def _ray_sample_counts(blocks: list[BlockRef]) -> list[list[int]]:
     return out
 
 
+def _on_this_node() -> Any:
+    """Pin a feed service to the driver's node, as Ray pins ``streaming_split``'s coordinator.
+
+    Hard, not soft: a soft pin let Ray place it on a data node when the driver's node looked busy (CI, a
+    0-CPU head), and removing that data node then took the job's feed service, and its passes, with it.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
 def start_feed_service(datasets: dict[str, Any], *, consumers: int, ahead: Sequence[PassKey],
                        max_ahead_bytes: int = 256 * _MB, name: str | None = None,
                        step_samples: int | None = None) -> Any:
     """Create the job's own :class:`FeedService` actor on this node (no CPU: its work is Ray Data's scheduling)."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor = ray.remote(FeedService).options(
         name=name,
@@ -704,7 +715,7 @@ def start_feed_service(datasets: dict[str, Any], *, consumers: int, ahead: Seque
         max_task_retries=-1,
         # Each worker holds at most one take() and one open(); +2 for describe() and the ahead thread's peers.
         max_concurrency=2 * max(1, consumers) + 2,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
+        scheduling_strategy=_on_this_node(),
     )
     return actor.remote(datasets, ahead=list(ahead), max_ahead_bytes=max_ahead_bytes, consumers=consumers,
                         step_samples=step_samples)
@@ -739,6 +750,7 @@ def start_shared_feed_service(datasets: dict[str, Any], *, fingerprint: str, job
         actor = ray.remote(FeedService).options(
             name=shared_service_name(fingerprint), namespace=NAMESPACE, get_if_exists=True,
             lifetime="detached", num_cpus=0, max_concurrency=2 * max(1, consumers) * max_jobs + 4,
+            scheduling_strategy=_on_this_node(),
         ).remote(datasets, max_ahead_bytes=max_ahead_bytes, consumers=1, retain_bytes=retain_bytes,
                  lease_s=lease_s)
         try:
