@@ -94,6 +94,19 @@ def _history_once_ended(handle, epochs: int, timeout_s: float = 60.0) -> list[di
         time.sleep(0.05)  # poll interval of the condition above, not a guess at how long it takes
 
 
+def _timeline(hist) -> str:
+    """The allocation's story, for a failure message: epoch starts, every decision, the epochs' ends."""
+    lines = []
+    for r in hist:
+        if r["type"] == "tick" and r["decision"]:
+            why = (r.get("explanation") or {}).get("text", "")
+            lines.append(f"{r['elapsed']:6.1f}s e{r['epoch']} budget {r['budget']:.1f} {r['decision']} -> "
+                         f"{r['allocation']} pool {r['per_op']['heavy']['pool_size']}: {why}")
+        elif r["type"] in ("epoch_start", "epoch_end"):
+            lines.append(f"{r['elapsed']:6.1f}s e{r['epoch']} {r['type']} {r['allocation']}")
+    return "\n".join(lines)
+
+
 def _check_budget(ticks):
     for t in ticks:
         assert sum(t["allocation"].values()) <= BUDGET, t["allocation"]
@@ -183,8 +196,14 @@ def test_live_control_under_ray_train_with_an_actor_pool(tuner_cluster, tmp_path
     _check_budget(e1 + e2)
     assert any(t["decision"] for t in e1)
     # the actor pool really grew: Ray's pool size, not just our intent
-    assert max(t["per_op"]["heavy"]["pool_size"] or 0 for t in e1 + e2) > 2
-    assert starts[1]["allocation"]["heavy"] > 2
+    assert max(t["per_op"]["heavy"]["pool_size"] or 0 for t in e1 + e2) > 2, _timeline(hist)
+    # epoch 2 (a new execution) starts where epoch 1's tuning left off. Not necessarily with the heavy
+    # operator above 2: on a loaded 2-core machine each light task carries a few hundred ms of
+    # scheduling, the plumber measures that, and it may hand slots back to the light operators late in
+    # epoch 1 (seen in CI); what it decided last is what must carry.
+    end1 = next(r for r in hist if r["type"] == "epoch_end" and r["epoch"] == 1)
+    assert starts[1]["allocation"] == end1["allocation"], _timeline(hist)
+    assert starts[1]["allocation"] != starts[0]["allocation"], "epoch 2 fell back to the configured allocation"
     assert any(t["data_wait"] is not None for t in e1 + e2), "trainers' data-wait fraction never reached the tuner"
 
 

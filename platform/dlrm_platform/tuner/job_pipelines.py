@@ -40,6 +40,7 @@ class JobPipelinePlan:
     job: JobConfig
     fused_op: OperatorConfig | None
     operators: list[OpSpec]  # the operators the tuner sees, in pipeline order
+    cpu_budget: float  # the data CPUs the pools are sized for: the tuner's budget
 
     @property
     def fused(self) -> bool:
@@ -53,16 +54,17 @@ def plan_job_pipelines(job: JobConfig, data_cpus: float, tuner_cfg: TunerConfig 
     ``sized_for``: an elastic budget's ceiling (:attr:`.pipeline.CpuBudget.sized_for`); task pools hold that
     many CPUs' worth of tasks so that data nodes that join later get work.
     """
+    cpu_budget = data_cpus if sized_for is None else max(data_cpus, sized_for)
     if fusion_enabled(job.ingest, job.tuner):
-        op = fused_operator(job.ingest, data_cpus, sized_for)
-        return JobPipelinePlan(job, op, [OpSpec("read", op.num_cpus, initial=op.concurrency)])
-    pools = compute_strategies(tuner_cfg, job.ingest, cpu_budget=max(data_cpus, sized_for or 0.0))
+        op = fused_operator(job.ingest, data_cpus, cpu_budget)
+        return JobPipelinePlan(job, op, [OpSpec("read", op.num_cpus, initial=op.concurrency)], cpu_budget)
+    pools = compute_strategies(tuner_cfg, job.ingest, cpu_budget=cpu_budget)
     operators = job.ingest.operators.model_copy(
         update={name: getattr(job.ingest.operators, name).model_copy(update={"concurrency": pool.size})
                 for name, pool in pools.items()}
     )
     build_job = job.model_copy(update={"ingest": job.ingest.model_copy(update={"operators": operators})})
-    return JobPipelinePlan(build_job, None, operator_specs(job.ingest))
+    return JobPipelinePlan(build_job, None, operator_specs(job.ingest), cpu_budget)
 
 
 def build_job_pipelines(plan: JobPipelinePlan, files, quarantine_dir: Path) -> PipelineDatasets:
@@ -81,14 +83,14 @@ def build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus:
     limit, which follows the data nodes.
     """
     plan = plan_job_pipelines(job, data_cpus, job.tuner, sized_for)
-    data_cpus = max(data_cpus, sized_for or 0.0)
     datasets = build_job_pipelines(plan, files, quarantine_dir)
     if plan.fused_op is not None:
         op = plan.fused_op
-        handle = attach(job.tuner, job.ingest, datasets.train.context, cpu_budget=data_cpus,
+        handle = attach(job.tuner, job.ingest, datasets.train.context, cpu_budget=plan.cpu_budget,
                         operators=plan.operators, options={"samples_per_sink_row": float(job.ingest.batch_size)})
         log.info("pipeline: %s; %d tasks of %g CPU", datasets.describe(), op.concurrency, op.num_cpus)
         return datasets, handle
-    handle = attach(job.tuner, job.ingest, datasets.train.context, cpu_budget=data_cpus)
-    log.info("pipeline: %s; tuner: policy %s (CPU budget %g)", datasets.describe(), job.tuner.policy, data_cpus)
+    handle = attach(job.tuner, job.ingest, datasets.train.context, cpu_budget=plan.cpu_budget)
+    log.info("pipeline: %s; tuner: policy %s (CPU budget %g)", datasets.describe(), job.tuner.policy,
+             plan.cpu_budget)
     return datasets, handle
