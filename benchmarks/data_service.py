@@ -389,7 +389,12 @@ def scale_out(args) -> dict[str, Any]:
 
     from dlrm_platform.config import load_job_config
     from dlrm_platform.ingest.feed_service import FeedClient, start_feed_service
-    from dlrm_platform.ingest.pipeline import cluster_cpu_budget, data_remote_args, execution_options
+    from dlrm_platform.ingest.pipeline import (
+        cluster_cpu_budget,
+        data_remote_args,
+        execution_options,
+        starts_at_full_width,
+    )
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     out: dict[str, Any] = {"latency_s": args.latency_s, "blocks": args.blocks, "rows_per_block": args.rows}
@@ -405,6 +410,7 @@ def scale_out(args) -> dict[str, Any]:
         ds = ds.map_batches(remote_read, fn_kwargs={"latency_s": args.latency_s, "rows": args.rows},
                             batch_size=None, batch_format="pyarrow", num_cpus=1, **data_remote_args(job))
         ds.context.execution_options = execution_options(budget)  # elastic: follows the data nodes
+        ds = starts_at_full_width(ds)  # as the job's pipelines: no one-task first second in each pass
         service = start_feed_service({"train": ds}, consumers=1, ahead=[])
         epoch, nodes = 0, 1
         for want in (1, 2, 4):

@@ -159,3 +159,60 @@ def test_a_failed_refresh_is_tried_again_at_the_next_poll():
         assert watch.check() and len(calls) == 2
     finally:
         watch.stop()
+
+
+def _executor_with_a_cold_client(cached: dict):
+    from types import SimpleNamespace
+
+    asked: list[str] = []
+    actor = SimpleNamespace(get_reserved_resources=SimpleNamespace(
+        remote=lambda requester: asked.append(requester) or ("reply-of", requester)))
+    client = SimpleNamespace(_autoscaling_coordinator=actor, _cached_reserved_resources=cached,
+                             _requester_id="data-ds_1")
+    executor = SimpleNamespace(_cluster_autoscaler=SimpleNamespace(_autoscaling_coordinator=client),
+                               _resource_manager=SimpleNamespace(_global_limits_last_update_time=123.0))
+    return executor, client, asked
+
+
+def test_a_new_execution_gets_its_limits_before_its_first_task():
+    reply = {"node-1": {"CPU": 4.0, "object_store_memory": 1e9}}
+    executor, client, asked = _executor_with_a_cold_client({})
+    got = []
+    assert ray_hooks.prime_execution_limits(executor, get=lambda ref, timeout: got.append(ref) or reply)
+    assert asked == ["data-ds_1"] and got == [("reply-of", "data-ds_1")]  # asked for its own reservation
+    assert client._cached_reserved_resources == reply
+    assert executor._resource_manager._global_limits_last_update_time == 0  # recomputed at the next step
+    # an execution whose client already has an answer is left alone
+    executor, client, asked = _executor_with_a_cold_client({"node-1": {"CPU": 2.0}})
+    assert not ray_hooks.prime_execution_limits(executor, get=lambda ref, timeout: pytest.fail("asked again"))
+    assert asked == [] and executor._resource_manager._global_limits_last_update_time == 123.0
+
+
+def test_cold_start_limits_go_first_and_once_and_never_fail_an_execution():
+    from types import SimpleNamespace
+
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current().copy()
+    ray_hooks.install_cold_start_limits(ctx)
+    ray_hooks.install_cold_start_limits(ctx)
+    assert ctx.custom_execution_callback_classes.count(ray_hooks.ColdStartLimits) == 1
+    assert ctx.custom_execution_callback_classes[0] is ray_hooks.ColdStartLimits
+    # a placement-group autoscaler has no coordinator client; a broken one must not raise either
+    ray_hooks.ColdStartLimits().before_execution_starts(SimpleNamespace(_cluster_autoscaler=SimpleNamespace()))
+    ray_hooks.ColdStartLimits().before_execution_starts(SimpleNamespace())
+
+
+def test_a_coordinator_still_starting_is_not_waited_for():
+    import ray
+
+    executor, client, _ = _executor_with_a_cold_client({})
+    client._pending_reserved_resources = None
+
+    def slow(ref, timeout):
+        raise ray.exceptions.GetTimeoutError("still starting")
+
+    assert not ray_hooks.prime_execution_limits(executor, get=slow)
+    assert client._cached_reserved_resources == {}
+    assert client._pending_reserved_resources == ("reply-of", "data-ds_1")  # Ray Data takes the answer when it comes
+    assert executor._resource_manager._global_limits_last_update_time == 123.0

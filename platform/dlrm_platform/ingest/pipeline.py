@@ -382,12 +382,24 @@ def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[
         plan, block_bytes = _plan_fused_blocks(job, train_src or eval_src, spec, sessions)
         build = partial(build_fused_dataset, spec=spec, ingest=job.ingest, op=fused_op, block_rows=plan.rows,
                         sessions=sessions, block_bytes=block_bytes, remote_args=remote_args)
-        return PipelineDatasets(train=build(train_src), eval=build(eval_src), quarantine_dir=quarantine_dir,
+        return PipelineDatasets(train=starts_at_full_width(build(train_src)),
+                                eval=starts_at_full_width(build(eval_src)), quarantine_dir=quarantine_dir,
                                 files=files, fused=True, block_rows=plan.rows, block_bytes=block_bytes)
-    if sessions:
-        train, eval_ = (build_dedup_dataset(train_src, spec, job.ingest, remote_args),
-                        build_dedup_dataset(eval_src, spec, job.ingest, remote_args))
-    else:
-        train, eval_ = (build_dataset(train_src, spec, job.ingest, remote_args),
-                        build_dataset(eval_src, spec, job.ingest, remote_args))
+    build = build_dedup_dataset if sessions else build_dataset
+    train, eval_ = (starts_at_full_width(build(train_src, spec, job.ingest, remote_args)),
+                    starts_at_full_width(build(eval_src, spec, job.ingest, remote_args)))
     return PipelineDatasets(train=train, eval=eval_, quarantine_dir=quarantine_dir, files=files)
+
+
+def starts_at_full_width(ds: Dataset) -> Dataset:
+    """``ds``, whose every execution runs as many tasks as its CPUs allow from the start.
+
+    Ray Data 2.60 starts each execution (every epoch and evaluation pass) with a CPU
+    limit of 0 for about a second, one task per operator, until its coordinator's
+    first answer (``tuner.ray_hooks.prime_execution_limits``, the one module that
+    touches Ray Data's internals).
+    """
+    from dlrm_platform.tuner.ray_hooks import install_cold_start_limits
+
+    install_cold_start_limits(ds.context)
+    return ds

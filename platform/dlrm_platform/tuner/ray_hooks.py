@@ -86,6 +86,16 @@ REQUIRED_HOOKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("custom_execution_callback_classes", "op_resource_reservation_enabled", "set_config", "get_config")),
     (_COORDINATOR, "get_or_create_autoscaling_coordinator", ()),
     (_COORDINATOR, "_AutoscalingCoordinatorActor", ("get_reserved_resources", "TICK_INTERVAL_S")),
+    # ColdStartLimits: the executor's cluster autoscaler, its coordinator client's cache, the limits' clock
+    ("ray.data._internal.execution.streaming_executor", "StreamingExecutor", ("self._cluster_autoscaler",)),
+    ("ray.data._internal.cluster_autoscaler.rate_based_cluster_autoscaler", "RateBasedClusterAutoscaler",
+     ("self._autoscaling_coordinator",)),
+    ("ray.data._internal.cluster_autoscaler.default_cluster_autoscaler_v2", "DefaultClusterAutoscalerV2",
+     ("self._autoscaling_coordinator",)),
+    (_COORDINATOR, "DefaultAutoscalingCoordinator",
+     ("_autoscaling_coordinator", "self._cached_reserved_resources", "self._pending_reserved_resources",
+      "self._requester_id")),
+    ("ray.data._internal.execution.resource_manager", "ResourceManager", ("self._global_limits_last_update_time",)),
 )
 
 
@@ -523,6 +533,55 @@ def task_pool_strategy(size: int):
 # --------------------------------------------------------------------------- cluster view
 
 
+def prime_execution_limits(executor, timeout_s: float = 0.5, get: Any = None) -> bool:
+    """Give a new execution its resources before its first task; True when it had none yet.
+
+    Ray Data 2.60 takes an execution's CPUs from a client-side cache of its
+    autoscaling coordinator's reply, empty until the first reply arrives, and its
+    resource manager recomputes the limits from that only once a second
+    (``GLOBAL_LIMITS_UPDATE_INTERVAL_S``). So every execution (each epoch, each
+    evaluation pass) started with a CPU limit of 0 and ran one task per operator
+    for about a second. One synchronous call fills the cache (the coordinator
+    answers in order, after the executor's registration) and lets the limits be
+    recomputed at the first scheduling step. A coordinator that does not answer
+    within ``timeout_s`` (its actor still starting, in a cluster's first
+    execution) is not waited for: its answer is left for Ray Data to pick up,
+    as without this. ``get``: ``ray.get`` (tests pass a fake).
+    """
+    import ray
+
+    get = get or ray.get
+    client = getattr(executor._cluster_autoscaler, "_autoscaling_coordinator", None)
+    if client is None or not hasattr(client, "_cached_reserved_resources") or client._cached_reserved_resources:
+        return False  # a placement-group autoscaler (no coordinator), or already answered
+    ref = client._autoscaling_coordinator.get_reserved_resources.remote(client._requester_id)
+    try:
+        reserved = get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        client._pending_reserved_resources = ref
+        return False
+    client._cached_reserved_resources = reserved
+    executor._resource_manager._global_limits_last_update_time = 0
+    return bool(reserved)
+
+
+class ColdStartLimits(ExecutionCallback):
+    """:func:`prime_execution_limits` before each execution of a dataset whose context has it (:func:`install_cold_start_limits`)."""
+
+    def before_execution_starts(self, executor) -> None:
+        try:
+            prime_execution_limits(executor)
+        except Exception as err:  # noqa: BLE001 - without it the execution only starts slower
+            log.debug("could not prime the execution's resource limits: %s", err)
+
+
+def install_cold_start_limits(data_context) -> None:
+    """Register :class:`ColdStartLimits` on ``data_context`` (first, so the tuner's binding sees the limits)."""
+    verify_hooks()
+    if ColdStartLimits not in data_context.custom_execution_callback_classes:
+        data_context.custom_execution_callback_classes.insert(0, ColdStartLimits)
+
+
 def refresh_cluster_view(timeout_s: float = 10.0) -> None:
     """Make Ray Data's autoscaling coordinator re-read the cluster's nodes now.
 
@@ -588,9 +647,15 @@ _node_watch_lock = threading.Lock()
 
 
 def keep_cluster_view_fresh(interval_s: float = 1.0) -> NodeWatch:
-    """Start this process's :class:`NodeWatch` (once; later calls return it)."""
+    """Start this process's :class:`NodeWatch` (once; later calls return it).
+
+    Also starts Ray Data's coordinator actor now, if it is not running yet: the
+    first execution would otherwise start it and run at one task per operator
+    until it answers (:func:`prime_execution_limits`).
+    """
     global _node_watch
     with _node_watch_lock:
         if _node_watch is None:
+            _imp(_COORDINATOR, "get_or_create_autoscaling_coordinator")()
             _node_watch = NodeWatch(interval_s)
         return _node_watch
