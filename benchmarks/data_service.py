@@ -144,7 +144,7 @@ class LockstepWorker:
         import torch
         import torch.distributed as dist
 
-        from dlrm_platform.ingest.feed_service import FeedClient
+        from dlrm_platform.ingest.feed_client import FeedClient
 
         q: queue.Queue = queue.Queue(maxsize=prefetch)
 
@@ -205,7 +205,7 @@ def _free_port() -> int:
 def coordinated_reads(args, workdir: Path) -> dict[str, Any]:
     import ray
 
-    from dlrm_platform.ingest.feed_service import start_feed_service
+    from dlrm_platform.ingest.feed_client import start_feed_service
 
     batch = args.batch_size
     inputs: dict[str, Any] = {}
@@ -272,7 +272,7 @@ def cpu_since(before: dict[int, float]) -> float:
 def drain(feed: Any, started: threading.Event | None = None, quarter: int = 0) -> set[str]:
     """Every sample of one train pass through a one-worker job's feed, as (label, dense) digests per sample."""
     from dlrm_platform.ingest.batching import packed_digest
-    from dlrm_platform.ingest.feed_service import FeedClient
+    from dlrm_platform.ingest.feed_client import FeedClient
 
     seen, n = set(), 0
     for t in FeedClient(feed, "train", 0).iter_pass(0):
@@ -286,9 +286,8 @@ def drain(feed: Any, started: threading.Event | None = None, quarter: int = 0) -
 
 
 def sharing(args, workdir: Path) -> dict[str, Any]:
-    import ray
-
-    from dlrm_platform.ingest.feed_service import (
+    from dlrm_platform.ingest.feed_client import (
+        read_feed_report,
         start_feed_service,
         start_shared_feed_service,
         stop_feed_service,
@@ -327,16 +326,15 @@ def sharing(args, workdir: Path) -> dict[str, Any]:
         tb.join()
         wall = time.perf_counter() - start
         cpu = cpu_since(cpu0)  # Ray Data's task workers; the feed services are scheduling, not preprocessing
-        described = [ray.get(f.actor.describe.remote(f.job)) if shared else ray.get(f.describe.remote())
-                     for f in feeds]
+        described = [read_feed_report(f) for f in feeds]
         for f in feeds:
             stop_feed_service(f)
-        paid = [sum(p["cpu_s"] for p in d["passes"] if p.get("paid", True)) for d in described]
+        paid = [sum(p.cpu_s for p in d.passes if p.paid) for d in described]
         return {"cpu_s": cpu, "exec_stats_cpu_s": sum(paid), "wall_s": wall,
                 "batches": [len(results["a"]), len(results["b"])],
                 "full_epoch_each": results["a"] == results["b"] and len(results["a"]) == batch_rows,
-                "late_job": described[1]["passes"][0] if described[1]["passes"] else {},
-                "late_job_sharing": described[1].get("sharing", {})}
+                "late_job": described[1].passes[0].model_dump() if described[1].passes else {},
+                "late_job_sharing": described[1].sharing.model_dump()}
 
     rows: dict[str, dict] = {}
     for r in range(args.rounds):
@@ -388,7 +386,7 @@ def scale_out(args) -> dict[str, Any]:
     from ray.data import DataContext
 
     from dlrm_platform.config import load_job_config
-    from dlrm_platform.ingest.feed_service import FeedClient, start_feed_service
+    from dlrm_platform.ingest.feed_client import FeedClient, start_feed_service
     from dlrm_platform.ingest.pipeline import (
         cluster_cpu_budget,
         data_remote_args,

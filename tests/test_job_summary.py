@@ -3,28 +3,37 @@
 
 from __future__ import annotations
 
+from dlrm_platform.ingest.feed_report import FeedReport, PassStats, SharingStats
 from dlrm_platform.job import JobSummary, describe_feed
 
 
-def _pass(name="train", epoch=0, rows=141, first_block_s=2.0, produced_s=3.0, first_open_s=10.0):
-    return {"name": name, "epoch": epoch, "generation": 1, "blocks": 18, "rows": rows,
-            "first_block_s": first_block_s, "produced_s": produced_s, "first_open_s": first_open_s,
-            "handed": {"0": rows}, "unbalanced": 0, "error": None}
+def _pass(name="train", epoch=0, rows=141, first_block_s=2.0, produced_s=3.0, first_open_s=10.0) -> PassStats:
+    return PassStats(name=name, epoch=epoch, generation=1, blocks=18, rows=rows,
+                     first_block_s=first_block_s, produced_s=produced_s, first_open_s=first_open_s,
+                     handed={"0": rows}, unbalanced=0, steps=0, uneven_steps=0, recut=0, shared=False, paid=True,
+                     joined_late=False, cpu_s=1.0, error=None)
+
+
+def _report(passes: list[PassStats]) -> FeedReport:
+    return FeedReport(passes=passes, sharing=SharingStats(shared_streams=0, streams=len(passes),
+                                                          served_from_shared_stream=False, cpu_s_saved=0.0,
+                                                          cpu_s_paid=float(len(passes)), jobs_attached=1))
 
 
 def test_feed_line_says_the_first_pass_was_ready_before_the_trainers_asked():
-    line = describe_feed({"passes": [_pass(), _pass("eval", rows=16), _pass(epoch=1)]})
+    line = describe_feed(_report([_pass(), _pass("eval", rows=16), _pass(epoch=1)]))
     assert line == "2 train pass(es) run; epoch 0: 141 batches, all produced 7.0 s before the trainers asked"
 
 
 def test_feed_line_says_when_the_trainers_waited():
-    line = describe_feed({"passes": [_pass(produced_s=12.5, first_open_s=10.0)]})
+    line = describe_feed(_report([_pass(produced_s=12.5, first_open_s=10.0)]))
     assert "trainers asked 2.5 s before its last batch (first after 2.0 s)" in line
 
 
 def test_feed_line_without_passes():
-    assert describe_feed({}) == "-"
-    assert "epoch 3: 141 batches" in describe_feed({"passes": [_pass(epoch=3, produced_s=None)]})
+    assert describe_feed(None) == "-"
+    assert describe_feed(_report([])) == "-"
+    assert "epoch 3: 141 batches" in describe_feed(_report([_pass(epoch=3, produced_s=None)]))
 
 
 def _summary(**extra) -> JobSummary:
@@ -44,3 +53,10 @@ def test_summary_without_a_log_file_and_with_a_run_page():
     text = _summary(mlflow_run_url="http://mlflow:5000/#/experiments/2/runs/abc").render()
     assert "run log" not in text
     assert text.splitlines()[-1] == "  open it: http://mlflow:5000/#/experiments/2/runs/abc"
+
+
+def test_summary_json_holds_the_feed_report_as_plain_data():
+    import json
+
+    assert json.loads(_summary(feed=_report([_pass()])).to_json())["feed"]["passes"][0]["rows"] == 141
+    assert json.loads(_summary().to_json())["feed"] == {}

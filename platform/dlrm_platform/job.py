@@ -27,6 +27,7 @@ from typing import Any
 
 from dlrm_platform.config import JobConfig, load_job_config
 from dlrm_platform.errors import UserError
+from dlrm_platform.ingest.feed_report import FeedReport
 from dlrm_platform.output.run_log import PROGRESS_LOGGER, STAGE_LOGGER, RunLog, open_run_log, shown_path
 from dlrm_platform.paths import enforce_job_paths
 from dlrm_platform.ray_cluster import ray_session
@@ -57,12 +58,12 @@ class JobSummary:
     pipeline: str = ""
     epochs: list[dict] = field(default_factory=list)  # per epoch: data_wait_fraction, first_batch_latency_s, source
     epoch_cache: dict = field(default_factory=dict)  # rank 0's caches: state, batches, MB in memory / on disk
-    feed: dict = field(default_factory=dict)  # the feed service's passes (ingest/feed_service.py)
+    feed: FeedReport | None = None  # the feed service's passes and sharing (ingest/feed_report.py); None: no report
     log_file: str | None = None  # the run's log (`dlrm-platform run`): everything the terminal did not show
     mlflow_run_url: str | None = None  # the run's page when the tracking store is an MLflow server
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps({**asdict(self), "feed": self.feed.model_dump() if self.feed is not None else {}}, indent=2)
 
     def render(self) -> str:
         per_epoch = ", ".join(f"{e['data_wait_fraction']:.3f}" for e in self.epochs)
@@ -102,35 +103,33 @@ def describe_cache(caches: dict, epochs: list[dict]) -> str:
     return f"{train['state']}: {where}" + (f"; epochs {', '.join(replayed)} replayed from it" if replayed else "")
 
 
-def describe_feed(feed: dict) -> str:
+def describe_feed(feed: FeedReport | None) -> str:
     """One line on the first train pass: how long the pipeline took and whether it beat the trainers' start."""
-    passes = [p for p in feed.get("passes", []) if p.get("name") == "train"]
+    passes = [p for p in feed.passes if p.name == "train"] if feed is not None else []
     if not passes:
         return "-"
-    first = min(passes, key=lambda p: p["epoch"])
-    ready = first.get("produced_s")
-    asked = first.get("first_open_s")
-    line = f"{len(passes)} train pass(es) run; epoch {first['epoch']}: {first['rows']:,} batches"
+    first = min(passes, key=lambda p: p.epoch)
+    ready, asked = first.produced_s, first.first_open_s
+    line = f"{len(passes)} train pass(es) run; epoch {first.epoch}: {first.rows:,} batches"
     if ready is not None and asked is not None:
         lead = asked - ready
         line += (f", all produced {lead:.1f} s before the trainers asked" if lead >= 0 else
-                 f", trainers asked {-lead:.1f} s before its last batch (first after {first['first_block_s']:.1f} s)")
-    if first.get("steps"):
-        line += f"; equal-sized steps: {first['steps']:,} (uneven: {first.get('uneven_steps', 0)})"
-    sharing = feed.get("sharing") or {}
-    if sharing.get("served_from_shared_stream"):
-        line += f"; served from a shared stream, {sharing.get('cpu_s_saved', 0.0):.1f} CPU-s of preprocessing saved"
-    elif sharing.get("shared_streams"):
-        line += f"; its streams shared with other jobs ({sharing['shared_streams']})"
+                 f", trainers asked {-lead:.1f} s before its last batch (first after {first.first_block_s:.1f} s)")
+    if first.steps:
+        line += f"; equal-sized steps: {first.steps:,} (uneven: {first.uneven_steps})"
+    sharing = feed.sharing
+    if sharing.served_from_shared_stream:
+        line += f"; served from a shared stream, {sharing.cpu_s_saved:.1f} CPU-s of preprocessing saved"
+    elif sharing.shared_streams:
+        line += f"; its streams shared with other jobs ({sharing.shared_streams})"
     return line
 
 
-def feed_sharing(feed: dict) -> dict[str, float]:
-    """The run's sharing figures: whether a shared stream served it, CPU-seconds saved and paid."""
-    sharing = feed.get("sharing") or {}
-    return {"feed_served_from_shared_stream": float(bool(sharing.get("served_from_shared_stream"))),
-            "feed_cpu_s_saved": float(sharing.get("cpu_s_saved", 0.0)),
-            "feed_cpu_s_paid": float(sharing.get("cpu_s_paid", 0.0))}
+def feed_sharing(feed: FeedReport) -> dict[str, float]:
+    """The run's sharing figures (MLflow metrics): whether a shared stream served it, CPU-seconds saved and paid."""
+    return {"feed_served_from_shared_stream": float(feed.sharing.served_from_shared_stream),
+            "feed_cpu_s_saved": float(feed.sharing.cpu_s_saved),
+            "feed_cpu_s_paid": float(feed.sharing.cpu_s_paid)}
 
 
 def open_hint(tracking_uri: str) -> str:
@@ -229,7 +228,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             pipeline=datasets.describe(),
             epochs=[e.model_dump() for e in result.epochs],
             epoch_cache=dict(result.feed.get("caches", {})),
-            feed=dict(result.feed_service),
+            feed=result.feed_service,
             log_file=str(run_log.path) if run_log is not None else None,
             mlflow_run_url=_run_url(tracking_uri, run_id, client) if tracking.answers() else None,
         )
@@ -355,17 +354,15 @@ def _log_summary(client, run_id: str, summary: JobSummary, quarantined: dict[str
         "wall_time_s": summary.wall_time_s,
         **{f"epoch_{e['epoch']}_data_wait_fraction": e["data_wait_fraction"] for e in summary.epochs},
         **{f"epoch_{e['epoch']}_first_batch_latency_s": e["first_batch_latency_s"] for e in summary.epochs},
-        **(feed_sharing(summary.feed) if summary.feed else {}),
+        **(feed_sharing(summary.feed) if summary.feed is not None else {}),
     }
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
     client.log_dict(run_id, json.loads(summary.to_json()), "summary.json")
     client.set_tag(run_id, "epoch_cache", describe_cache(summary.epoch_cache, summary.epochs)[:5000])
     client.set_tag(run_id, "feed_service", describe_feed(summary.feed)[:5000])
-    if summary.feed:
-        sharing = summary.feed.get("sharing") or {}
-        client.set_tag(run_id, "feed_shared_stream", "yes" if sharing.get("served_from_shared_stream") else "no")
-    if summary.feed:
-        client.log_dict(run_id, summary.feed, "feed_service.json")
+    if summary.feed is not None:
+        client.set_tag(run_id, "feed_shared_stream", "yes" if summary.feed.sharing.served_from_shared_stream else "no")
+        client.log_dict(run_id, summary.feed.model_dump(), "feed_service.json")
     if quarantined:
         client.log_dict(run_id, quarantined, "quarantine_counts.json")
 

@@ -52,9 +52,9 @@ def test_two_workers_get_every_block_exactly_once_per_pass():
     assert sorted(together) == sorted(f"train-x1-b{i}" for i in range(40))
     assert abs(len(results[0]) - len(results[1])) <= 3, "coordinated reads: about half each"
     assert ds.executions == 1
-    (passed,) = service.describe()["passes"]
-    assert passed["rows"] == 160 and passed["blocks"] == 40
-    assert sum(passed["handed"].values()) == 160  # rows
+    (passed,) = service.describe().passes
+    assert passed.rows == 160 and passed.blocks == 40
+    assert sum(passed.handed.values()) == 160  # rows
 
 
 def test_each_epoch_is_a_new_execution():
@@ -75,8 +75,8 @@ def test_ahead_passes_run_before_anyone_asks_and_in_order():
     gen = service.open("eval", 0, 0)
     assert len(_drain(service, "eval", 0, 0, gen)) == 2
     assert train.executions == evals.executions == 1  # the workers joined the passes run ahead
-    passes = {p["name"]: p for p in service.describe()["passes"]}
-    assert passes["train"]["first_open_s"] >= passes["train"]["produced_s"]  # ready before it was asked for
+    passes = {p.name: p for p in service.describe().passes}
+    assert passes["train"].first_open_s >= passes["train"].produced_s  # ready before it was asked for
 
 
 def test_a_resumed_run_drops_the_passes_run_ahead_for_epochs_it_skips():
@@ -166,8 +166,8 @@ def test_a_worker_ahead_of_the_others_waits_for_them():
         t.join(10)
     assert sorted(results[0] + results[1]) == sorted(f"train-x1-b{i}" for i in range(30))
     assert abs(len(results[0]) - len(results[1])) <= 3, (len(results[0]), len(results[1]))
-    (passed,) = service.describe()["passes"]
-    assert passed["unbalanced"] == 0
+    (passed,) = service.describe().passes
+    assert passed.unbalanced == 0
 
 
 def test_a_worker_held_back_too_long_takes_anyway():
@@ -178,4 +178,4 @@ def test_a_worker_held_back_too_long_takes_anyway():
     start = time.monotonic()
     assert len(_drain(service, "train", 0, 0, gen)) == 10  # never deadlocks
     assert time.monotonic() - start < 30
-    assert service.describe()["passes"][0]["unbalanced"] > 0
+    assert service.describe().passes[0].unbalanced > 0

@@ -14,7 +14,8 @@ from feed_fakes import FakeDataset
 
 from dlrm_platform.ingest.batching import concat_packed, pack_table, packed_num_samples
 from dlrm_platform.ingest.dedup_batching import pack_dedup_arrays
-from dlrm_platform.ingest.feed_service import FeedService, Step, step_table
+from dlrm_platform.ingest.feed_blocks import Step, step_table
+from dlrm_platform.ingest.feed_service import FeedService
 
 
 def _samples(ref: str, row: int) -> int:
@@ -82,8 +83,8 @@ def test_steps_mode_gives_every_worker_a_batch_of_equal_size_every_step(workers)
             assert spans[0][0] == 0 and spans[-1][1] == _samples(f"train-x1-b{i}", r)
             assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
     assert not covered
-    (passed,) = service.describe()["passes"]
-    assert passed["steps"] == len(steps[0])
+    (passed,) = service.describe().passes
+    assert passed.steps == len(steps[0])
 
 
 def test_blocks_mode_sizes_differ_per_step():
@@ -165,7 +166,7 @@ def test_recut_batches_keep_every_sample_in_order(kind):
 
 def test_step_table_joins_pieces_of_sliced_blocks():
     block = pa.concat_tables([_plain_row(4, 1), _plain_row(6, 2), _plain_row(5, 3)])
-    from dlrm_platform.ingest.feed_service import BlockRef, Piece
+    from dlrm_platform.ingest.feed_blocks import BlockRef, Piece
 
     sliced = BlockRef("blk", 1, 3)  # the bundle holds rows 1..2 of the block
     step = Step((Piece(sliced, 0, 2, 6), Piece(sliced, 1, 0, 3)), 7)
@@ -208,9 +209,9 @@ def test_a_job_joining_late_reads_the_same_stream_from_its_start():
     assert sorted(results["b"]) == every
     assert ds.executions == 1, "the late job read the running stream, not an execution of its own"
     a_desc, b_desc = service.describe("a"), service.describe("b")
-    assert b_desc["sharing"]["served_from_shared_stream"] and b_desc["sharing"]["cpu_s_saved"] == pytest.approx(20.0)
-    assert not a_desc["sharing"]["served_from_shared_stream"] and a_desc["sharing"]["cpu_s_paid"] == pytest.approx(20.0)
-    assert b_desc["passes"][0]["joined_late"] and b_desc["passes"][0]["shared"]
+    assert b_desc.sharing.served_from_shared_stream and b_desc.sharing.cpu_s_saved == pytest.approx(20.0)
+    assert not a_desc.sharing.served_from_shared_stream and a_desc.sharing.cpu_s_paid == pytest.approx(20.0)
+    assert b_desc.passes[0].joined_late and b_desc.passes[0].shared
     assert not service._streams, "the stream is dropped once no job reads it"
 
 
@@ -224,7 +225,7 @@ def test_without_retention_a_late_job_gets_its_own_stream():
     got = _drain(service, "train", 0, 0, service.open("train", 0, 0, "b"), "b")
     assert got == [f"train-x2-b{i}" for i in range(10)]
     assert ds.executions == 2
-    assert not service.describe("b")["sharing"]["served_from_shared_stream"]
+    assert not service.describe("b").sharing.served_from_shared_stream
 
 
 def test_retention_is_bounded():

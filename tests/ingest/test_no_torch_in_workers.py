@@ -20,6 +20,8 @@ INGEST_MODULES = [
     "dlrm_platform.ingest.dedup_operators",
     "dlrm_platform.ingest.pipeline",
     "dlrm_platform.ingest.fused",
+    "dlrm_platform.ingest.feed_service",  # the feed service's actor
+    "dlrm_platform.ingest.feed_client",
     "dlrm_platform.train.feed",
 ]
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from dlrm_platform.config import load_job_config
-from dlrm_platform.ingest.feed_service import FeedClient, start_feed_service
+from dlrm_platform.ingest.feed_client import FeedClient, start_feed_service
 from dlrm_platform.ingest.pipeline import cluster_cpu_budget, data_remote_args, execution_options
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

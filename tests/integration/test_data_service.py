@@ -11,8 +11,9 @@ import pyarrow as pa
 import pytest
 
 from dlrm_platform.ingest.batching import pack_table
-from dlrm_platform.ingest.feed_service import (
+from dlrm_platform.ingest.feed_client import (
     FeedClient,
+    read_feed_report,
     start_feed_service,
     start_shared_feed_service,
     stop_feed_service,
@@ -97,13 +98,13 @@ def test_a_job_joining_a_shared_stream_late_gets_its_full_epoch(ray_cluster):
     tb.join(120)
     for job in ("a", "b"):
         np.testing.assert_array_equal(np.sort(np.concatenate(got[job])), ids)  # every sample, once each
-    described = {j: ray_cluster.get(f.actor.describe.remote(j)) for j, f in feeds.items()}
-    (late,) = described["b"]["passes"]
-    assert late["joined_late"] and late["shared"] and not late["paid"]
-    assert described["b"]["sharing"]["served_from_shared_stream"]
-    assert not described["a"]["sharing"]["served_from_shared_stream"]
-    assert described["a"]["sharing"]["cpu_s_paid"] > 0
-    assert described["b"]["sharing"]["cpu_s_saved"] == pytest.approx(described["a"]["sharing"]["cpu_s_paid"])
+    described = {j: read_feed_report(f) for j, f in feeds.items()}
+    (late,) = described["b"].passes
+    assert late.joined_late and late.shared and not late.paid
+    assert described["b"].sharing.served_from_shared_stream
+    assert not described["a"].sharing.served_from_shared_stream
+    assert described["a"].sharing.cpu_s_paid > 0
+    assert described["b"].sharing.cpu_s_saved == pytest.approx(described["a"].sharing.cpu_s_paid)
     stop_feed_service(feeds["a"])
     stop_feed_service(feeds["b"])  # the last job: the service ends
     time.sleep(1)

@@ -43,7 +43,7 @@ def _id_tables(n_batches: int, size: int) -> list[pa.Table]:
 def test_two_consumers_see_every_id_once_per_epoch(ray_cluster, tmp_path, mode, source):
     import ray.data
 
-    from dlrm_platform.ingest.feed_service import FeedClient, start_feed_service
+    from dlrm_platform.ingest.feed_client import FeedClient, start_feed_service
 
     ds = ray.data.from_arrow(_id_tables(23, 7))  # odd count: the consumers get different numbers
     if source == "service":

@@ -116,8 +116,8 @@ def test_run_command_logs_a_complete_mlflow_run(cli_run, small_job):
     assert "model" in artifacts
     # The feed service ran the first train pass, which handed every batch to the trainer.
     assert "feed_service.json" in artifacts
-    (first,) = [p for p in summary.feed["passes"] if (p["name"], p["epoch"]) == ("train", 0)]
-    assert first["rows"] == sum(first["handed"].values()) > 0
+    (first,) = [p for p in summary.feed.passes if (p.name, p.epoch) == ("train", 0)]
+    assert first.rows == sum(first.handed.values()) > 0
     assert run.data.tags["feed_service"].startswith("1 train pass(es) run")
     # The tuner's decisions and throughput over time: a plot and the raw history.
     assert {"tuner_allocation.png", "tuner_history.json", "tuner_summary.json", "tuner_decisions.json",

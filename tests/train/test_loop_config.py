@@ -9,7 +9,8 @@ import cloudpickle
 import pytest
 
 from dlrm_platform.config import ConfigError
-from dlrm_platform.ingest.feed_service import JobFeed
+from dlrm_platform.ingest.feed_client import JobFeed
+from dlrm_platform.ingest.feed_report import FeedReport, SharingStats
 from dlrm_platform.train.loop import LOOP_KEY, LoopConfig, train_loop_per_worker
 from dlrm_platform.train.result import REPORT_KEY, EpochEnd, EpochRecord, TrainingResult, TrainReport
 
@@ -33,7 +34,7 @@ def test_the_worker_receives_the_typed_config_re_validated(tiny_job):
 
 
 def test_a_shared_feed_service_handle_arrives_as_sent(tiny_job):
-    from dlrm_platform.ingest.feed_service import JobFeed
+    from dlrm_platform.ingest.feed_client import JobFeed
 
     feed = JobFeed(actor="actor-handle", job="job-a")  # a dataclass: re-validation alone would dump it to a dict
     loop = LoopConfig(job=tiny_job(), feed_service=feed)
@@ -69,10 +70,12 @@ def test_the_driver_reads_back_the_report_under_the_same_names():
     report = _report()
     metrics = _shipped(report.to_ray())  # what Ray Train keeps of the report (plain data)
     assert set(metrics) == {REPORT_KEY} and isinstance(metrics[REPORT_KEY], dict)
-    result = TrainingResult.from_ray(metrics, "/ckpt/e1", feed_service={"passes": []})
+    fed = FeedReport(passes=[], sharing=SharingStats(shared_streams=0, streams=1, served_from_shared_stream=False,
+                                                     cpu_s_saved=0.0, cpu_s_paid=1.5, jobs_attached=1))
+    result = TrainingResult.from_ray(metrics, "/ckpt/e1", feed_service=fed)
     assert result.auc == 0.8 and result.logloss == 0.5 and result.precision == "fp32"
     assert result.epochs == report.epochs and result.epoch_end == report.epoch_end
-    assert result.checkpoint_path == "/ckpt/e1" and result.feed_service == {"passes": []}
+    assert result.checkpoint_path == "/ckpt/e1" and result.feed_service == fed
     no_eval = TrainingResult.from_ray(_report(auc=math.nan).to_ray(), None)
     assert math.isnan(no_eval.auc)
 

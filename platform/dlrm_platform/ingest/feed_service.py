@@ -28,13 +28,13 @@ Coordinated reads (two modes, per job):
 * *steps* (``step_samples`` = the batch size): the service deals *steps*. It
   knows each packed batch's sample count and cuts the stream into steps of
   ``consumers`` batches of exactly ``step_samples`` samples each, one per worker
-  (:class:`Step`: pieces of the pipeline's batches, which the worker's
-  :class:`FeedClient` joins with :func:`~dlrm_platform.ingest.batching.concat_packed`).
+  (:class:`~.feed_blocks.Step`: pieces of the pipeline's batches, which the worker's
+  :class:`~.feed_client.FeedClient` joins with :func:`~dlrm_platform.ingest.batching.concat_packed`).
   Every step gives every worker a batch of the same size, so none waits at the
   collective for another's (longer) step; only a pass's last step can differ,
   by at most one sample per worker.
 
-Sharing. A service started by :func:`start_shared_feed_service` is a named,
+Sharing. A service started by :func:`~.feed_client.start_shared_feed_service` is a named,
 detached actor keyed by the pipeline's fingerprint (the epoch cache's,
 :func:`dlrm_platform.train.feed.batch_fingerprint`): a second job whose
 pipelines have the same fingerprint attaches to it instead of executing its
@@ -44,8 +44,8 @@ its first block: it sees every sample of its epoch and pays no preprocessing.
 A stream whose first blocks are gone cannot be joined: the late job gets a
 stream of its own. A stream is dropped as soon as no job reads it, the service
 when no job is attached (:meth:`FeedService.detach`, or a job silent longer
-than its lease). ``describe(job)`` says whether a job was served from a shared
-stream and the CPU-seconds it saved (the producing tasks' CPU time, from the
+than its lease). ``describe(job)`` (a :class:`~.feed_report.FeedReport`) says whether a job was served
+from a shared stream and the CPU-seconds it saved (the producing tasks' CPU time, from the
 blocks' exec stats: the whole pipeline when fused, its last operator otherwise).
 
 Restarts. A worker that opens a pass it has already opened was restarted (Ray
@@ -64,7 +64,8 @@ run starts at a later epoch). At most ``max_ahead_bytes`` of blocks not yet read
 by every reader wait in the object store per stream before the service stops
 pulling (then Ray Data's own backpressure holds the executor).
 
-No torch here: the actor imports only Ray Data and the ingest operators.
+This module is the actor; the job's side (start, attach, read a pass) is :mod:`.feed_client`, what it hands
+out :mod:`.feed_blocks`, its report :mod:`.feed_report`. No torch: the actor imports only Ray Data and ingest.
 """
 
 from __future__ import annotations
@@ -73,49 +74,21 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
+from dlrm_platform.ingest.feed_blocks import BlockRef, Piece, Step, bundle_block_refs, ray_sample_counts
+from dlrm_platform.ingest.feed_report import FeedReport, PassStats, SharingStats
 
-__all__ = ["FeedClient", "FeedHeartbeat", "FeedService", "JobFeed", "PassKey", "Step", "start_feed_service",
-           "start_shared_feed_service", "stop_feed_service"]
+__all__ = ["DEFAULT_JOB", "FeedService", "PassKey"]
 
 log = logging.getLogger("dlrm_platform.ingest.feed")
 
 PassKey = tuple[str, int]  # (dataset name, epoch)
 _RETRY = "retry"  # take() found nothing within its timeout: ask again (keeps actor threads free)
 _MB = 1 << 20
-NAMESPACE = "dlrm_platform"  # shared feed services live here, whatever namespace a job's driver has
-DEFAULT_JOB = ""
-
-
-@dataclass(frozen=True)
-class BlockRef:
-    """One block of a pass: its object ref and, when the bundle sliced it, the rows ``[start, end)``."""
-
-    ref: Any  # ray.ObjectRef[pyarrow.Table]
-    start: int | None = None
-    end: int | None = None
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Samples ``[lo, hi)`` of packed row ``row`` of a block (``row`` counts from the block's slice start)."""
-
-    block: BlockRef
-    row: int
-    lo: int
-    hi: int
-
-
-@dataclass(frozen=True)
-class Step:
-    """One worker's batch of one step (coordinated reads, *steps* mode): pieces joined in order."""
-
-    pieces: tuple[Piece, ...]
-    samples: int
+DEFAULT_JOB = ""  # the job of a service started for one job (start_feed_service)
 
 
 @dataclass
@@ -183,19 +156,18 @@ class _Pass:
     steps: int = 0
     uneven_steps: int = 0
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> PassStats:
         s = self.stream
-        return {
-            "name": self.name, "epoch": self.epoch, "generation": self.generation,
-            "blocks": s.blocks, "rows": s.rows,
-            "first_block_s": _round(s.first_block_s), "produced_s": _round(s.produced_s),
-            "first_open_s": _round(self.first_open_s),
-            "handed": {str(k): v for k, v in sorted(self.handed.items())}, "unbalanced": self.unbalanced,
-            "steps": self.steps, "uneven_steps": self.uneven_steps, "recut": self.recut_steps,
-            "shared": len(s.jobs) > 1, "paid": bool(s.jobs) and s.jobs[0] == self.job,
-            "joined_late": self.joined_late, "cpu_s": round(s.cpu_s, 3),
-            "error": repr(s.error) if s.error is not None else None,
-        }
+        return PassStats(
+            name=self.name, epoch=self.epoch, generation=self.generation, blocks=s.blocks, rows=s.rows,
+            first_block_s=_round(s.first_block_s), produced_s=_round(s.produced_s),
+            first_open_s=_round(self.first_open_s),
+            handed={str(k): v for k, v in sorted(self.handed.items())}, unbalanced=self.unbalanced,
+            steps=self.steps, uneven_steps=self.uneven_steps, recut=self.recut_steps,
+            shared=len(s.jobs) > 1, paid=bool(s.jobs) and s.jobs[0] == self.job,
+            joined_late=self.joined_late, cpu_s=round(s.cpu_s, 3),
+            error=repr(s.error) if s.error is not None else None,
+        )
 
 
 @dataclass
@@ -232,7 +204,7 @@ class FeedService:
         self._datasets = dict(datasets)
         self._max_ahead = int(max_ahead_bytes)
         self._retain = max(0, int(retain_bytes))
-        self._sample_counts = sample_counts or _ray_sample_counts
+        self._sample_counts = sample_counts or ray_sample_counts
         self._lease_s = lease_s
         self._lock = threading.Condition()
         self._streams: dict[PassKey, _Stream] = {}  # the joinable stream of each pass
@@ -500,7 +472,7 @@ class FeedService:
         p.steps += 1
         return True
 
-    def describe(self, job: str = DEFAULT_JOB) -> dict[str, Any]:
+    def describe(self, job: str = DEFAULT_JOB) -> FeedReport:
         """``job``'s passes (latest generation), and whether it was served from shared streams, for its summary."""
         with self._lock:
             passes = [p for k, p in self._passes.items() if k[0] == job]
@@ -508,13 +480,14 @@ class FeedService:
             shared = [s for s in streams.values() if len(s.jobs) > 1]
             saved = sum(s.cpu_s for s in streams.values() if s.jobs and s.jobs[0] != job)
             paid = sum(s.cpu_s for s in streams.values() if s.jobs and s.jobs[0] == job)
-            return {
-                "passes": [p.describe() for p in passes],
-                "sharing": {"shared_streams": len(shared), "streams": len(streams),
-                            "served_from_shared_stream": any(s.jobs[0] != job for s in streams.values() if s.jobs),
-                            "cpu_s_saved": round(saved, 3), "cpu_s_paid": round(paid, 3),
-                            "jobs_attached": len([j for j in self._jobs if j != DEFAULT_JOB])},
-            }
+            return FeedReport(
+                passes=[p.describe() for p in passes],
+                sharing=SharingStats(
+                    shared_streams=len(shared), streams=len(streams),
+                    served_from_shared_stream=any(s.jobs[0] != job for s in streams.values() if s.jobs),
+                    cpu_s_saved=round(saved, 3), cpu_s_paid=round(paid, 3),
+                    jobs_attached=len([j for j in self._jobs if j != DEFAULT_JOB])),
+            )
 
     # ----------------------------------------------------------------- producers
 
@@ -584,7 +557,7 @@ class FeedService:
             for bundle in self._datasets[s.name].iter_internal_ref_bundles():
                 if s.stop.is_set():
                     return
-                blocks, nbytes, rows, cpu_s = _block_refs(bundle)
+                blocks, nbytes, rows, cpu_s = bundle_block_refs(bundle)
                 counts = self._sample_counts(blocks) if self._counts_needed() else None
                 with self._lock:
                     # Bounded ahead; the first bundle always goes in (a block larger than the bound).
@@ -630,245 +603,3 @@ def _end_this_actor() -> None:
     if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
         return
     ray.kill(ray.get_runtime_context().current_actor)
-
-
-def _block_refs(bundle: Any) -> tuple[list[BlockRef], int, int, float]:
-    """A Ray Data ``RefBundle`` as (block refs with their slices, bytes, rows, CPU-seconds of producing them)."""
-    slices = getattr(bundle, "slices", None) or (None,) * len(bundle.blocks)
-    blocks, nbytes, rows, cpu_s = [], 0, 0, 0.0
-    for entry, piece in zip(bundle.blocks, slices, strict=True):
-        meta = entry.metadata
-        if piece is None:
-            blocks.append(BlockRef(entry.ref))
-            rows += meta.num_rows or 0
-        else:
-            blocks.append(BlockRef(entry.ref, piece.start_offset, piece.end_offset))
-            rows += piece.end_offset - piece.start_offset
-        nbytes += meta.size_bytes or 0
-        stats = getattr(meta, "exec_stats", None)
-        cpu_s += float(getattr(stats, "cpu_time_s", None) or 0.0)
-    return blocks, nbytes, rows, cpu_s
-
-
-def _count_samples(table: pa.Table, start: int | None, end: int | None) -> list[int]:
-    from dlrm_platform.ingest.batching import packed_num_samples
-
-    if start is not None:
-        table = table.slice(start, end - start)
-    return packed_num_samples(table)
-
-
-_count_task = None
-
-
-def _ray_sample_counts(blocks: list[BlockRef]) -> list[list[int]]:
-    """Samples of each packed row of each block: read here when the block is on this node (zero-copy from the
-    object store), else by a zero-CPU task where it lives (no block crosses the network for its counts)."""
-    import ray
-    from ray.experimental import get_object_locations
-
-    global _count_task
-    here = ray.get_runtime_context().get_node_id()
-    try:
-        where = get_object_locations([b.ref for b in blocks])
-    except Exception:  # noqa: BLE001 - no location: let a task find it
-        where = {}
-    out: list[Any] = []
-    for b in blocks:
-        if here in (where.get(b.ref) or {}).get("node_ids", []):
-            out.append(_count_samples(ray.get(b.ref), b.start, b.end))
-        else:
-            if _count_task is None:
-                _count_task = ray.remote(num_cpus=0)(_count_samples)
-            out.append(_count_task.remote(b.ref, b.start, b.end))
-    pending = [i for i, x in enumerate(out) if not isinstance(x, list)]
-    for i, counts in zip(pending, ray.get([out[i] for i in pending]), strict=True):
-        out[i] = counts
-    return out
-
-
-def _on_this_node() -> Any:
-    """Pin a feed service to the driver's node, as Ray pins ``streaming_split``'s coordinator.
-
-    Hard, not soft: a soft pin let Ray place it on a data node when the driver's node looked busy (CI, a
-    0-CPU head), and removing that data node then took the job's feed service, and its passes, with it.
-    """
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-
-
-def start_feed_service(datasets: dict[str, Any], *, consumers: int, ahead: Sequence[PassKey],
-                       max_ahead_bytes: int = 256 * _MB, name: str | None = None,
-                       step_samples: int | None = None) -> Any:
-    """Create the job's own :class:`FeedService` actor on this node (no CPU: its work is Ray Data's scheduling)."""
-    import ray
-
-    actor = ray.remote(FeedService).options(
-        name=name,
-        num_cpus=0,
-        # Killed (its process or node gone), Ray starts it again with the same datasets; the workers' calls in
-        # flight are retried there and find their passes gone, so Ray Train restarts the group from its last
-        # checkpoint, whose data position makes the resumed epochs exactly-once (tests/chaos).
-        max_restarts=-1,
-        max_task_retries=-1,
-        # Each worker holds at most one take() and one open(); +2 for describe() and the ahead thread's peers.
-        max_concurrency=2 * max(1, consumers) + 2,
-        scheduling_strategy=_on_this_node(),
-    )
-    return actor.remote(datasets, ahead=list(ahead), max_ahead_bytes=max_ahead_bytes, consumers=consumers,
-                        step_samples=step_samples)
-
-
-@dataclass(frozen=True)
-class JobFeed:
-    """A job's handle on a shared feed service: the actor and the job's name there (pickles into Ray Train)."""
-
-    actor: Any
-    job: str
-    shared: bool = True
-
-
-def shared_service_name(fingerprint: str) -> str:
-    return f"dlrm-feed-{fingerprint}"
-
-
-def start_shared_feed_service(datasets: dict[str, Any], *, fingerprint: str, job: str, consumers: int,
-                              ahead: Sequence[PassKey], step_samples: int | None = None,
-                              max_ahead_bytes: int = 256 * _MB, retain_bytes: int = 256 * _MB,
-                              lease_s: float = 120.0, max_jobs: int = 8, attempts: int = 20) -> JobFeed:
-    """Attach ``job`` to the feed service of ``fingerprint``, creating it (named, detached) if none runs.
-
-    The service outlives the job that created it while other jobs read from it,
-    and exits when its last job detaches (:func:`stop_feed_service`) or goes
-    silent for ``lease_s`` (a driver that died; :class:`FeedHeartbeat` keeps a live one attached).
-    """
-    import ray
-
-    for attempt in range(attempts):
-        actor = ray.remote(FeedService).options(
-            name=shared_service_name(fingerprint), namespace=NAMESPACE, get_if_exists=True,
-            lifetime="detached", num_cpus=0, max_concurrency=2 * max(1, consumers) * max_jobs + 4,
-            scheduling_strategy=_on_this_node(),
-        ).remote(datasets, max_ahead_bytes=max_ahead_bytes, consumers=1, retain_bytes=retain_bytes,
-                 lease_s=lease_s)
-        try:
-            jobs = ray.get(actor.attach.remote(job, consumers, step_samples, list(ahead)))
-        except Exception as err:  # noqa: BLE001 - closing or dead: its last job left; start a new one
-            log.info("feed: shared service %s not joinable (%s); retrying", fingerprint, err)
-            time.sleep(min(2.0, 0.2 * (attempt + 1)))
-            continue
-        log.info("feed: job %s attached to shared feed service %s (%d job(s))", job, fingerprint, jobs)
-        return JobFeed(actor, job)
-    raise RuntimeError(f"could not attach to the shared feed service {fingerprint}")
-
-
-def stop_feed_service(feed: Any) -> None:
-    """The job is done with its feed: detach from a shared service (ending it when last), kill an own one."""
-    import ray
-
-    if isinstance(feed, JobFeed):
-        try:
-            left = ray.get(feed.actor.detach.remote(feed.job), timeout=30)
-        except Exception as err:  # noqa: BLE001 - the service is gone already
-            log.info("feed: detach from the shared service failed: %s", err)
-            return
-        if left == 0:
-            ray.kill(feed.actor)
-        return
-    ray.kill(feed)
-
-
-class FeedHeartbeat:
-    """A driver thread that keeps ``feed``'s job attached to a shared service while the job runs."""
-
-    def __init__(self, feed: Any, every_s: float = 10.0) -> None:
-        self._stop = threading.Event()
-        self._thread = None
-        if isinstance(feed, JobFeed):
-            self._thread = threading.Thread(target=self._run, args=(feed, every_s), name="feed-heartbeat",
-                                            daemon=True)
-            self._thread.start()
-
-    def _run(self, feed: JobFeed, every_s: float) -> None:
-        while not self._stop.wait(every_s):
-            try:
-                feed.actor.heartbeat.remote(feed.job)
-            except Exception:  # noqa: BLE001 - the service is gone: nothing to keep alive
-                return
-
-    def close(self) -> None:
-        self._stop.set()
-
-
-def _actor_and_job(service: Any) -> tuple[Any, str]:
-    if isinstance(service, JobFeed):
-        return service.actor, service.job
-    return service, DEFAULT_JOB
-
-
-class FeedClient:
-    """A worker's view of one dataset of the service: ``iter_pass(epoch)`` yields its share of the pass.
-
-    Yields one-row Arrow tables (one packed batch each), as
-    ``DataIterator.iter_batches(batch_size=1, batch_format="pyarrow")`` would;
-    in steps mode one table per step, joined from its pieces. ``service``: the
-    actor handle, or a :class:`JobFeed`. The next ``take`` is in flight while
-    the current blocks are yielded.
-    """
-
-    def __init__(self, service: Any, name: str, rank: int) -> None:
-        self.service, self.job = _actor_and_job(service)
-        self.name = name
-        self.rank = rank
-
-    def iter_pass(self, epoch: int) -> Iterator[pa.Table]:
-        import ray
-
-        generation = ray.get(self.service.open.remote(self.name, epoch, self.rank, self.job))
-        pending = self.service.take.remote(self.name, epoch, generation, self.rank, job=self.job)
-        while True:
-            blocks = ray.get(pending)
-            if blocks is None:
-                return
-            pending = self.service.take.remote(self.name, epoch, generation, self.rank, job=self.job)
-            if isinstance(blocks, str):  # _RETRY: nothing yet
-                continue
-            if blocks and isinstance(blocks[0], Step):
-                yield from step_tables(blocks, ray.get)
-                continue
-            tables = ray.get([b.ref for b in blocks])
-            for b, table in zip(blocks, tables, strict=True):
-                if b.start is not None:
-                    table = table.slice(b.start, b.end - b.start)
-                for i in range(table.num_rows):
-                    yield table.slice(i, 1)
-
-
-def step_tables(steps: Sequence[Step], get: Callable[[list], list]) -> list[pa.Table]:
-    """Each :class:`Step`'s pieces joined into one packed row; their blocks fetched at once (``get``: ``ray.get``)."""
-    from dlrm_platform.ingest.batching import concat_packed
-
-    refs = list({_ref_key(p.block.ref): p.block.ref for step in steps for p in step.pieces}.values())
-    fetched = dict(zip((_ref_key(r) for r in refs), get(refs), strict=True))
-    out = []
-    for step in steps:
-        parts = []
-        for p in step.pieces:
-            table = fetched[_ref_key(p.block.ref)]
-            if p.block.start is not None:
-                table = table.slice(p.block.start, p.block.end - p.block.start)
-            parts.append((table.slice(p.row, 1), p.lo, p.hi))
-        out.append(concat_packed(parts))
-    return out
-
-
-def step_table(step: Step, get: Callable[[list], list]) -> pa.Table:
-    """One :class:`Step` as a packed row (see :func:`step_tables`)."""
-    return step_tables([step], get)[0]
-
-
-def _ref_key(ref: Any) -> Any:
-    """An object ref's identity across pickling (its id), or the value itself (fakes in tests)."""
-    return ref.hex() if hasattr(ref, "hex") and callable(ref.hex) else ref

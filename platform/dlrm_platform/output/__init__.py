@@ -12,6 +12,7 @@ it on the terminal too.
   one touch of a private Ray name here); a worker's own log format.
 - :mod:`.progress`: rank 0's progress, sent once per log window to a small actor
   the driver polls.
+- :mod:`.progress_events`: what that progress is: one typed event per kind, validated on arrival.
 - :mod:`.progress_view`: how that progress is drawn: a tqdm bar, or plain lines.
 
 Nothing here imports torch; the worker side (``progress.ProgressSink``,

@@ -4,10 +4,12 @@ Channel: a small actor (:class:`_Board`, no CPU) named after the job's MLflow
 run, created by the driver for the run. Rank 0's :class:`ProgressSink` sends it
 one fire-and-forget call per log window (``train.log_every_steps``) and per
 stage (restore, epoch start and end, evaluation, checkpoint): never per step, and never
-waiting for an answer. The driver's :class:`ProgressMonitor` thread takes the
-events twice a second and hands them to a view (:mod:`.progress_view`) and to
-the stage logger; it also prints the tuner's decisions as the tuner records
-them (:mod:`dlrm_platform.tuner.recorder`).
+waiting for an answer. Each call carries one typed event (:mod:`.progress_events`).
+The driver's :class:`ProgressMonitor` thread takes the events twice a second,
+validates each (one that does not validate is logged at debug and skipped) and
+hands them to a view (:mod:`.progress_view`) and to the stage logger; it also
+prints the tuner's decisions as the tuner records them
+(:mod:`dlrm_platform.tuner.recorder`).
 
 Why an actor rather than polling MLflow: the per-step metrics say nothing of
 epochs, evaluation or checkpoints, and a sqlite store polled while rank 0 writes
@@ -26,6 +28,18 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from pydantic import ValidationError
+
+from dlrm_platform.output.progress_events import (
+    Checkpointed,
+    EpochFinished,
+    EpochStarted,
+    Evaluating,
+    ProgressEvent,
+    Restored,
+    Window,
+    read_event,
+)
 from dlrm_platform.output.progress_view import ProgressView
 from dlrm_platform.output.run_log import STAGE_LOGGER, shown_path
 
@@ -45,12 +59,12 @@ class _Board:
     """The actor's body: events in order, taken by one reader."""
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        self.events: list[ProgressEvent] = []
 
-    def put(self, event: dict[str, Any]) -> None:
+    def put(self, event: ProgressEvent) -> None:
         self.events.append(event)
 
-    def take(self) -> list[dict[str, Any]]:
+    def take(self) -> list[ProgressEvent]:
         out, self.events = self.events, []
         return out
 
@@ -69,41 +83,46 @@ class ProgressSink:
         self._name = board_name(run_id) if run_id and rank == 0 else None
         self._board: Any = None
 
-    def _send(self, kind: str, **fields: Any) -> None:
+    def _send(self, kind: type[ProgressEvent], **fields: Any) -> None:
         if self._name is None:
+            return
+        try:
+            event = kind(**fields)
+        except ValidationError as err:  # a bad figure loses this event only
+            log.debug("progress event %s not sent: %s", kind.__name__, err)
             return
         try:
             if self._board is None:
                 import ray
 
                 self._board = ray.get_actor(self._name, namespace=NAMESPACE)
-            self._board.put.remote({"kind": kind, "t": time.time(), **fields})
+            self._board.put.remote(event)
         except Exception as err:  # noqa: BLE001 - progress display must never break training
             log.debug("no progress board %s (%s): progress is not shown", self._name, err)
             self._name = None
 
     def epoch_started(self, epoch: int, samples_done: int) -> None:
         """``samples_done``: of this epoch already, when resumed mid-epoch from a checkpoint."""
-        self._send("epoch_started", epoch=epoch, samples_done=samples_done)
+        self._send(EpochStarted, epoch=epoch, samples_done=samples_done)
 
     def window(self, epoch: int, samples_done: int, samples_per_s: float, data_wait: float, loss: float) -> None:
         """One log window (all workers): samples of the epoch so far, the window's rate, data wait and loss."""
-        self._send("window", epoch=epoch, samples_done=samples_done, samples_per_s=samples_per_s,
+        self._send(Window, epoch=epoch, samples_done=samples_done, samples_per_s=samples_per_s,
                    data_wait=data_wait, loss=loss)
 
     def epoch_finished(self, epoch: int, samples: int, seconds: float, data_wait: float, loss: float) -> None:
-        self._send("epoch_finished", epoch=epoch, samples=samples, seconds=seconds, data_wait=data_wait, loss=loss)
+        self._send(EpochFinished, epoch=epoch, samples=samples, seconds=seconds, data_wait=data_wait, loss=loss)
 
     def evaluating(self, epoch: int) -> None:
-        self._send("evaluating", epoch=epoch)
+        self._send(Evaluating, epoch=epoch)
 
     def restored(self, path: str, epoch: int, global_step: int, samples_in_epoch: int) -> None:
         """Resumed from the checkpoint at ``path``; ``samples_in_epoch`` of ``epoch`` were trained before it."""
-        self._send("restored", path=path, epoch=epoch, global_step=global_step, samples_in_epoch=samples_in_epoch)
+        self._send(Restored, path=path, epoch=epoch, global_step=global_step, samples_in_epoch=samples_in_epoch)
 
     def checkpointed(self, epoch: int, name: str, *, end_of_epoch: bool, auc: float | None = None,
                      logloss: float | None = None) -> None:
-        self._send("checkpointed", epoch=epoch, path=_checkpoint_location(name), end_of_epoch=end_of_epoch,
+        self._send(Checkpointed, epoch=epoch, path=_checkpoint_location(name), end_of_epoch=end_of_epoch,
                    auc=auc, logloss=logloss)
 
 
@@ -167,28 +186,31 @@ class ProgressMonitor:
             self._tuner_next = time.monotonic() + self.tuner_poll_s
             self._show_tuner_decisions()
 
-    def handle(self, event: dict[str, Any]) -> None:
-        kind, epoch = event.get("kind"), int(event.get("epoch", 0))
-        if kind == "epoch_started":
-            self.view.epoch_started(epoch, self.expected_samples, int(event["samples_done"]))
-        elif kind == "window":
-            self.view.update(epoch, int(event["samples_done"]), float(event["samples_per_s"]),
-                             float(event["data_wait"]), float(event["loss"]))
-        elif kind == "epoch_finished":
-            self.view.epoch_finished(epoch, int(event["samples"]), float(event["seconds"]),
-                                     float(event["data_wait"]), float(event["loss"]))
-        elif kind == "restored":
-            done = int(event.get("samples_in_epoch") or 0)
-            stage.info("restored %s: epoch %d, global step %d%s", shown_path(event["path"]), epoch,
-                       int(event["global_step"]),
+    def handle(self, received: Any) -> None:
+        """Validate one event from the board and show it; a malformed one is logged (debug) and skipped."""
+        try:
+            event = read_event(received)
+        except ValidationError as err:
+            log.debug("skipped a malformed progress event %r: %s", received, err)
+            return
+        epoch = event.epoch
+        if isinstance(event, EpochStarted):
+            self.view.epoch_started(epoch, self.expected_samples, event.samples_done)
+        elif isinstance(event, Window):
+            self.view.update(epoch, event.samples_done, event.samples_per_s, event.data_wait, event.loss)
+        elif isinstance(event, EpochFinished):
+            self.view.epoch_finished(epoch, event.samples, event.seconds, event.data_wait, event.loss)
+        elif isinstance(event, Restored):
+            done = event.samples_in_epoch
+            stage.info("restored %s: epoch %d, global step %d%s", shown_path(event.path), epoch, event.global_step,
                        f"; epoch {epoch} goes on after {done:,} samples" if done else "")
-        elif kind == "evaluating":
+        elif isinstance(event, Evaluating):
             stage.info("epoch %d: evaluating", epoch)
-        elif kind == "checkpointed":
+        elif isinstance(event, Checkpointed):
             held_out = ""
-            if event.get("end_of_epoch") and _finite(event.get("auc")):
-                held_out = f"held-out AUC {event['auc']:.4f}, logloss {event['logloss']:.4f}; "
-            stage.info("epoch %d: %scheckpoint %s", epoch, held_out, shown_path(event["path"]))
+            if event.end_of_epoch and _finite(event.auc):
+                held_out = f"held-out AUC {event.auc:.4f}, logloss {event.logloss:.4f}; "
+            stage.info("epoch %d: %scheckpoint %s", epoch, held_out, shown_path(event.path))
 
     def _show_tuner_decisions(self) -> None:
         try:

@@ -85,7 +85,8 @@ class TrainProgress:
     digests (``ingest.batching.packed_digest``) of every batch any worker
     trained in ``epoch`` so far; a run resumed mid-epoch skips exactly those
     (``train.feed.ShardFeeder``), and every sample of every epoch is trained
-    once. Totals count every sample trained on.
+    once. Totals count every sample trained on. ``auc``/``logloss``: held-out, after
+    the last evaluated epoch (the names :class:`~.result.TrainReport` gives them).
     """
 
     epoch: int = 0
@@ -97,8 +98,8 @@ class TrainProgress:
     train_time_s: float = 0.0
     wait_s: float = 0.0
     compute_s: float = 0.0
-    eval_auc: float | None = None
-    eval_logloss: float | None = None
+    auc: float | None = None
+    logloss: float | None = None
     trained_in_epoch: list[str] = field(default_factory=list)  # digests of the batches `epoch` trained so far
 
     @property
@@ -300,8 +301,17 @@ def check_checkpoint_storage(storage_path: str, *, need_bytes: int = 0) -> None:
         )
 
 
+# progress.json written before TrainProgress took TrainReport's names: old name -> field
+_RENAMED_PROGRESS_FIELDS = {"eval_auc": "auc", "eval_logloss": "logloss"}
+
+
 def read_progress(path: str | Path) -> TrainProgress:
-    return TrainProgress(**json.loads((Path(path) / PROGRESS_FILE).read_text()))
+    """The checkpoint's progress.json; one written under the old field names (``eval_auc``...) reads the same."""
+    fields = json.loads((Path(path) / PROGRESS_FILE).read_text())
+    for old, new in _RENAMED_PROGRESS_FIELDS.items():
+        if old in fields:
+            fields.setdefault(new, fields.pop(old))
+    return TrainProgress(**fields)
 
 
 def load_checkpoint(path: str | Path, model: nn.Module, dense_optimizer: KeyedOptimizer) -> TrainProgress:

@@ -469,7 +469,7 @@ class ShardFeeder:
         skip = self.skip.get((p.stats.name, p.stats.epoch), frozenset())
         if skip and self.digest is None:
             raise ValueError("ShardFeeder: skipping trained batches needs a digest function")
-        if hasattr(ds.shard, "iter_pass"):  # the job's feed service (ingest.feed_service.FeedClient)
+        if hasattr(ds.shard, "iter_pass"):  # the job's feed service (ingest.feed_client.FeedClient)
             it = iter(ds.shard.iter_pass(p.stats.epoch))
         else:  # a Ray DataIterator: each call is the next execution
             it = iter(ds.shard.iter_batches(batch_size=1, batch_format="pyarrow",

@@ -70,7 +70,7 @@ from dlrm_platform import run_metrics
 from dlrm_platform.config import JobConfig, revalidate
 from dlrm_platform.ingest.batching import packed_digest
 from dlrm_platform.ingest.dedup_batching import packed_batch_stats
-from dlrm_platform.ingest.feed_service import FeedClient
+from dlrm_platform.ingest.feed_client import FeedClient
 from dlrm_platform.train.checkpoint import (
     CheckpointWriteError,
     TrainProgress,
@@ -357,8 +357,8 @@ class Worker:
             start_epoch=start_epoch,
             samples_per_s=p.samples / p.train_time_s if p.train_time_s else 0.0,
             data_wait_fraction=p.wait_s / busy if busy else 0.0,
-            auc=p.eval_auc if p.eval_auc is not None else float("nan"),
-            logloss=p.eval_logloss if p.eval_logloss is not None else float("nan"),
+            auc=p.auc if p.auc is not None else float("nan"),
+            logloss=p.logloss if p.logloss is not None else float("nan"),
             steps=p.global_step,
             samples=p.samples,
             train_time_s=p.train_time_s,
@@ -386,7 +386,7 @@ class Worker:
                     f"cannot persist checkpoint {name} into {storage}/{name} (train.storage_path): "
                     f"{type(err).__name__}: {err}"
                 ) from err
-        self.live.checkpointed(p.epoch, name, end_of_epoch=p.epoch_complete, auc=p.eval_auc, logloss=p.eval_logloss)
+        self.live.checkpointed(p.epoch, name, end_of_epoch=p.epoch_complete, auc=p.auc, logloss=p.logloss)
 
     def restore(self, path: str) -> None:
         self.progress = load_checkpoint(path, self.model, self.dense_optimizer)
@@ -517,7 +517,7 @@ def _train_epochs(worker: Worker, feeder: ShardFeeder, has_eval: bool, threads: 
         feeder.decide("train", _all_reduce_min)  # a collective: every worker, same point of the loop
         eval_samples = 0
         if has_eval:
-            worker.progress.eval_auc, worker.progress.eval_logloss, eval_samples = worker.evaluate(
+            worker.progress.auc, worker.progress.logloss, eval_samples = worker.evaluate(
                 feeder.tables("eval", epoch))
             feeder.decide("eval", _all_reduce_min)
         worker.progress.epoch_complete = True

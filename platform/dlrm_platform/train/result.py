@@ -23,6 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dlrm_platform.ingest.feed_report import FeedReport
+
 __all__ = ["REPORT_KEY", "EpochEnd", "EpochRecord", "TrainReport", "TrainingResult"]
 
 REPORT_KEY = "report"  # the one key of the metrics dict a worker hands ray.train.report
@@ -86,13 +88,14 @@ class TrainingResult(TrainReport):
     """A finished training run: the last report, where its checkpoint is, and the feed service's passes."""
 
     checkpoint_path: str | None = None  # the last checkpoint (DCP directory)
-    feed_service: dict[str, Any] = Field(default_factory=dict)  # ingest.feed_service.FeedService.describe
+    feed_service: FeedReport | None = None  # the feed service's report on the job; None: it gave none
 
     @classmethod
     def from_ray(cls, metrics: dict[str, Any], checkpoint_path: str | None,
-                 feed_service: dict[str, Any] | None = None) -> TrainingResult:
-        """Validate what Ray Train kept of the last report (``Result.metrics``)."""
+                 feed_service: FeedReport | None = None) -> TrainingResult:
+        """Validate what Ray Train kept of the last report (``Result.metrics``); ``feed_service``: validated
+        already (``ingest.feed_client.read_feed_report``)."""
         if REPORT_KEY not in metrics:
             raise RuntimeError(f"the training run's last report has no {REPORT_KEY!r}: {sorted(metrics)}")
         return cls.model_validate({**metrics[REPORT_KEY], "checkpoint_path": checkpoint_path,
-                                   "feed_service": dict(feed_service or {})})
+                                   "feed_service": feed_service})

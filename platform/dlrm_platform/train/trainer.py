@@ -18,13 +18,15 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from dlrm_platform.config import JobConfig
-from dlrm_platform.ingest.feed_service import (
+from dlrm_platform.ingest.feed_client import (
     FeedHeartbeat,
     JobFeed,
+    read_feed_report,
     start_feed_service,
     start_shared_feed_service,
     stop_feed_service,
 )
+from dlrm_platform.ingest.feed_report import FeedReport
 from dlrm_platform.ingest.pipeline import RESOURCE_SLIVER
 from dlrm_platform.train.loop import LoopConfig, train_loop_per_worker
 from dlrm_platform.train.result import TrainingResult
@@ -89,7 +91,7 @@ def run_training(
     )
     try:
         result = trainer.fit()
-        feed_passes = _describe_feed(feed)
+        feed_report = _feed_report(feed)
     finally:
         heartbeat.close()
         stop_feed_service(feed)
@@ -98,7 +100,7 @@ def run_training(
     if result.metrics is None:
         raise RuntimeError(f"training run {name!r} reported no checkpoint with metrics")
     checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
-    return TrainingResult.from_ray(result.metrics, checkpoint_path, feed_service=feed_passes)
+    return TrainingResult.from_ray(result.metrics, checkpoint_path, feed_service=feed_report)
 
 
 def trainer_resources(job: JobConfig) -> dict[str, float]:
@@ -147,11 +149,9 @@ def feed_fingerprint(job: JobConfig, files: dict[str, list[str]]) -> str:
     return h.hexdigest()[:16]
 
 
-def _describe_feed(feed: ray.actor.ActorHandle | JobFeed) -> dict:
+def _feed_report(feed: ray.actor.ActorHandle | JobFeed) -> FeedReport | None:
     try:
-        if isinstance(feed, JobFeed):
-            return ray.get(feed.actor.describe.remote(feed.job), timeout=10)
-        return ray.get(feed.describe.remote(), timeout=10)
+        return read_feed_report(feed)
     except Exception as err:  # noqa: BLE001 - telemetry must not fail a finished run
         log.warning("feed service did not describe its passes: %s", err)
-        return {}
+        return None
