@@ -208,7 +208,6 @@ class FeedService:
         self._lease_s = lease_s
         self._lock = threading.Condition()
         self._streams: dict[PassKey, _Stream] = {}  # the joinable stream of each pass
-        self._all_streams: list[_Stream] = []
         self._passes: dict[tuple[str, str, int], _Pass] = {}
         self._finished: list[_Pass] = []  # passes a newer generation replaced, for describe()
         self._generations: dict[tuple[str, str, int], int] = {}
@@ -498,7 +497,6 @@ class FeedService:
         if old is not None and not old.readers:
             self._drop_stream(old)
         self._streams[key] = s
-        self._all_streams.append(s)
         threading.Thread(target=self._produce, args=(s,), name=f"feed-{key[0]}-{key[1]}", daemon=True).start()
         return s
 

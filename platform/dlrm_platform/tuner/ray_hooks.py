@@ -29,6 +29,10 @@ used here; :func:`verify_hooks` checks them all and raises
 :class:`RayHooksError` naming each one that moved, so a Ray upgrade fails
 loudly at ``attach`` (and in ``tests/tuner/test_ray_hooks.py``) instead of
 silently not tuning.
+
+Besides the tuner's hooks it holds the two fixes to Ray Data's view of the
+cluster (``NodeWatch``, ``ColdStartLimits``): every private name in one module
+is the rule, so this file is longer than the others (~650 lines) rather than split.
 """
 
 from __future__ import annotations
