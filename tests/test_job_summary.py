@@ -60,3 +60,7 @@ def test_summary_json_holds_the_feed_report_as_plain_data():
 
     assert json.loads(_summary(feed=_report([_pass()])).to_json())["feed"]["passes"][0]["rows"] == 141
     assert json.loads(_summary().to_json())["feed"] == {}
+    # and --summary-json reads back typed
+    back = JobSummary.from_json(_summary(feed=_report([_pass()])).to_json())
+    assert back.feed.passes[0].rows == 141 and back == _summary(feed=_report([_pass()]))
+    assert JobSummary.from_json(_summary().to_json()).feed is None

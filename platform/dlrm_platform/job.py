@@ -65,6 +65,13 @@ class JobSummary:
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "feed": self.feed.model_dump() if self.feed is not None else {}}, indent=2)
 
+    @classmethod
+    def from_json(cls, text: str) -> JobSummary:
+        """What :meth:`to_json` wrote (``--summary-json``), with the feed report typed again."""
+        fields = json.loads(text)
+        feed = fields.pop("feed", None)
+        return cls(**fields, feed=FeedReport.model_validate(feed) if feed else None)
+
     def render(self) -> str:
         per_epoch = ", ".join(f"{e['data_wait_fraction']:.3f}" for e in self.epochs)
         first = ", ".join(f"{e['first_batch_latency_s']:.2f}" for e in self.epochs)

@@ -4,7 +4,6 @@ shows and what the run's log file keeps, errors."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -89,7 +88,7 @@ def cli_run(ray_cluster, small_job, tmp_path_factory):
     with _terminal() as terminal:
         rc = main(["run", str(config), "--summary-json", str(summary_path)])
     assert rc == 0, terminal["err"][-3000:]
-    return JobSummary(**json.loads(summary_path.read_text())), terminal
+    return JobSummary.from_json(summary_path.read_text()), terminal
 
 
 def test_run_command_logs_a_complete_mlflow_run(cli_run, small_job):
