@@ -64,3 +64,23 @@ def test_summary_json_holds_the_feed_report_as_plain_data():
     back = JobSummary.from_json(_summary(feed=_report([_pass()])).to_json())
     assert back.feed.passes[0].rows == 141 and back == _summary(feed=_report([_pass()]))
     assert JobSummary.from_json(_summary().to_json()).feed is None
+
+
+def test_summary_shows_the_epoch_cache_and_reads_back_typed():
+    from dlrm_platform.train.result import CacheStats, EpochRecord
+
+    epochs = [EpochRecord(epoch=0, data_wait_fraction=0.02, first_batch_latency_s=0.0, samples_per_s=9e4,
+                          source="pipeline"),
+              EpochRecord(epoch=1, data_wait_fraction=0.01, first_batch_latency_s=0.0, samples_per_s=9e4,
+                          source="cache")]
+    cache = {"train": CacheStats(state="complete", batches=141, samples=143_991, memory_mb=16.9, disk_mb=0.0,
+                                 replayed=True)}
+    summary = _summary(epochs=epochs, epoch_cache=cache)
+    lines = summary.render().splitlines()
+    assert "  epoch cache         complete: 141 batches, 16.9 MB in memory, 0.0 MB on disk; epochs 1 replayed " \
+           "from it" in lines
+    assert "  data-wait fraction  0.100  (per epoch: 0.020, 0.010)" in lines
+    assert JobSummary.from_json(summary.to_json()) == summary
+    off = {"train": CacheStats(state="off", batches=0, samples=0, memory_mb=0.0, disk_mb=0.0,
+                               reason="ingest.cache.mode is off")}
+    assert "  epoch cache         off (ingest.cache.mode is off)" in _summary(epoch_cache=off).render().splitlines()

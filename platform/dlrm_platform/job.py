@@ -28,6 +28,7 @@ from typing import Any
 from dlrm_platform.config import JobConfig, load_job_config
 from dlrm_platform.errors import UserError
 from dlrm_platform.ingest.feed_report import FeedReport
+from dlrm_platform.train.result import CacheStats, EpochRecord
 from dlrm_platform.output.run_log import PROGRESS_LOGGER, STAGE_LOGGER, RunLog, open_run_log, shown_path
 from dlrm_platform.paths import enforce_job_paths
 from dlrm_platform.ray_cluster import ray_session
@@ -56,25 +57,33 @@ class JobSummary:
     checkpoint_path: str | None
     bad_shards: list[str] = field(default_factory=list)  # "path: reason" of shards skipped (data.on_bad_shard)
     pipeline: str = ""
-    epochs: list[dict] = field(default_factory=list)  # per epoch: data_wait_fraction, first_batch_latency_s, source
-    epoch_cache: dict = field(default_factory=dict)  # rank 0's caches: state, batches, MB in memory / on disk
+    epochs: list[EpochRecord] = field(default_factory=list)  # per epoch: data wait, first-batch latency, source
+    epoch_cache: dict[str, CacheStats] = field(default_factory=dict)  # rank 0's caches, by dataset
     feed: FeedReport | None = None  # the feed service's passes and sharing (ingest/feed_report.py); None: no report
     log_file: str | None = None  # the run's log (`dlrm-platform run`): everything the terminal did not show
     mlflow_run_url: str | None = None  # the run's page when the tracking store is an MLflow server
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "feed": self.feed.model_dump() if self.feed is not None else {}}, indent=2)
+        return json.dumps({
+            **asdict(self),
+            "epochs": [e.model_dump() for e in self.epochs],
+            "epoch_cache": {n: c.model_dump() for n, c in self.epoch_cache.items()},
+            "feed": self.feed.model_dump() if self.feed is not None else {},
+        }, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> JobSummary:
-        """What :meth:`to_json` wrote (``--summary-json``), with the feed report typed again."""
+        """What :meth:`to_json` wrote (``--summary-json``), typed again."""
         fields = json.loads(text)
         feed = fields.pop("feed", None)
-        return cls(**fields, feed=FeedReport.model_validate(feed) if feed else None)
+        return cls(**{**fields,
+                      "epochs": [EpochRecord.model_validate(e) for e in fields.get("epochs", [])],
+                      "epoch_cache": {n: CacheStats.model_validate(c) for n, c in fields.get("epoch_cache", {}).items()},
+                      "feed": FeedReport.model_validate(feed) if feed else None})
 
     def render(self) -> str:
-        per_epoch = ", ".join(f"{e['data_wait_fraction']:.3f}" for e in self.epochs)
-        first = ", ".join(f"{e['first_batch_latency_s']:.2f}" for e in self.epochs)
+        per_epoch = ", ".join(f"{e.data_wait_fraction:.3f}" for e in self.epochs)
+        first = ", ".join(f"{e.first_batch_latency_s:.2f}" for e in self.epochs)
         rows = [
             ("training samples/s", f"{self.samples_per_s:,.0f}"),
             ("data-wait fraction", f"{self.data_wait_fraction:.3f}" + (f"  (per epoch: {per_epoch})" if per_epoch else "")),
@@ -98,16 +107,16 @@ class JobSummary:
         return "\n".join(lines)
 
 
-def describe_cache(caches: dict, epochs: list[dict]) -> str:
+def describe_cache(caches: dict[str, CacheStats], epochs: list[EpochRecord]) -> str:
     """One line on the train epoch cache: its state, size, and which epochs it served."""
     train = caches.get("train")
-    if not train:
+    if train is None:
         return "-"
-    replayed = [str(e["epoch"]) for e in epochs if e.get("source") == "cache"]
-    if train["state"] == "off":
-        return f"off ({train['reason']})"
-    where = f"{train['batches']:,} batches, {train['memory_mb']:.1f} MB in memory, {train['disk_mb']:.1f} MB on disk"
-    return f"{train['state']}: {where}" + (f"; epochs {', '.join(replayed)} replayed from it" if replayed else "")
+    replayed = [str(e.epoch) for e in epochs if e.source == "cache"]
+    if train.state == "off":
+        return f"off ({train.reason})"
+    where = f"{train.batches:,} batches, {train.memory_mb:.1f} MB in memory, {train.disk_mb:.1f} MB on disk"
+    return f"{train.state}: {where}" + (f"; epochs {', '.join(replayed)} replayed from it" if replayed else "")
 
 
 def describe_feed(feed: FeedReport | None) -> str:
@@ -233,8 +242,8 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             checkpoint_path=result.checkpoint_path,
             bad_shards=[b.describe() for b in files.bad_shards],
             pipeline=datasets.describe(),
-            epochs=[e.model_dump() for e in result.epochs],
-            epoch_cache=dict(result.feed.get("caches", {})),
+            epochs=list(result.epochs),
+            epoch_cache=dict(result.feed.caches),
             feed=result.feed_service,
             log_file=str(run_log.path) if run_log is not None else None,
             mlflow_run_url=_run_url(tracking_uri, run_id, client) if tracking.answers() else None,
@@ -359,8 +368,8 @@ def _log_summary(client, run_id: str, summary: JobSummary, quarantined: dict[str
         "rows_quarantined": float(summary.rows_quarantined),
         "bad_shards_skipped": float(len(summary.bad_shards)),
         "wall_time_s": summary.wall_time_s,
-        **{f"epoch_{e['epoch']}_data_wait_fraction": e["data_wait_fraction"] for e in summary.epochs},
-        **{f"epoch_{e['epoch']}_first_batch_latency_s": e["first_batch_latency_s"] for e in summary.epochs},
+        **{f"epoch_{e.epoch}_data_wait_fraction": e.data_wait_fraction for e in summary.epochs},
+        **{f"epoch_{e.epoch}_first_batch_latency_s": e.first_batch_latency_s for e in summary.epochs},
         **(feed_sharing(summary.feed) if summary.feed is not None else {}),
     }
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])

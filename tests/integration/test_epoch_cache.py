@@ -115,10 +115,10 @@ def test_job_trains_every_sample_once_per_epoch_with_cache_on_and_off(ray_cluste
     train_rows = validate_dataset(job.data).train_rows
     summary = run_job(job)
     assert summary.samples == EPOCHS * train_rows  # every sample exactly once per epoch
-    sources = [e["source"] for e in summary.epochs]
+    sources = [e.source for e in summary.epochs]
     assert sources == ["pipeline"] + (["cache"] if mode == "auto" else ["pipeline"]) * (EPOCHS - 1)
     assert summary.pipeline.startswith("fused")
-    assert summary.epoch_cache["train"]["state"] == ("complete" if mode == "auto" else "off")
+    assert summary.epoch_cache["train"].state == ("complete" if mode == "auto" else "off")
     assert np.isfinite(summary.auc) and summary.auc > 0.6
     assert not list((tmp_path / "runs" / "epoch_cache").glob("**/*.arrow"))  # spills removed at the end
     if workers > 1:  # per-step straggler wait at the lockstep collective, for coordinated reads

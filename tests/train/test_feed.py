@@ -82,7 +82,7 @@ def test_first_pass_streams_later_passes_replay_every_sample_once_in_a_fresh_ord
                      tmp_path / "spill") as feeder:
         epochs = _run(feeder, 3, ("train", "eval"))
         assert [feeder.stats("train", e).source for e in range(3)] == ["pipeline", "cache", "cache"]
-        assert feeder.cache("train").describe()["state"] == "complete"
+        assert feeder.cache("train").describe().state == "complete"
     assert shard.epochs == 1 and evals.epochs == 1  # the pipelines ran once
     expected = list(range(48))
     for seen in epochs:
@@ -121,7 +121,7 @@ def test_outgrowing_the_bounds_gives_up_the_cache_under_auto(tmp_path):
                      tmp_path) as feeder:
         epochs = _run(feeder, 2)
         assert feeder.stats("train", 1).source == "pipeline"
-        assert "outgrew" in feeder.cache("train").describe()["reason"]
+        assert "outgrew" in feeder.cache("train").describe().reason
     assert shard.epochs == 2 and all(sorted(e["train"]) == list(range(40)) for e in epochs)
 
 

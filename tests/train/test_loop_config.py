@@ -12,7 +12,16 @@ from dlrm_platform.config import ConfigError
 from dlrm_platform.ingest.feed_client import JobFeed
 from dlrm_platform.ingest.feed_report import FeedReport, SharingStats
 from dlrm_platform.train.loop import LOOP_KEY, LoopConfig, train_loop_per_worker
-from dlrm_platform.train.result import REPORT_KEY, EpochEnd, EpochRecord, TrainingResult, TrainReport
+from dlrm_platform.train.result import (
+    REPORT_KEY,
+    CacheStats,
+    EpochEnd,
+    EpochRecord,
+    FeederPass,
+    FeederReport,
+    TrainingResult,
+    TrainReport,
+)
 
 
 def _shipped(obj):
@@ -63,7 +72,12 @@ def _report(**fields) -> TrainReport:
                                            samples_per_s=900.0, source="pipeline")],
                        epoch_end=EpochEnd(train_loss=0.6, samples=160, eval_samples=64, data_wait_fraction=0.3,
                                           source="cache"),
-                       feed={"caches": {"train": {"state": "complete"}}}, **fields)
+                       feed=FeederReport(caches={"train": CacheStats(state="complete", batches=5, samples=320,
+                                                                     memory_mb=0.1, disk_mb=0.0, replayed=True)},
+                                         passes=[FeederPass(name="train", epoch=0, source="pipeline", batches=5,
+                                                            samples=320, skipped=0, first_batch_s=0.01,
+                                                            source_s=0.3)]),
+                       **fields)
 
 
 def test_the_driver_reads_back_the_report_under_the_same_names():
@@ -76,6 +90,7 @@ def test_the_driver_reads_back_the_report_under_the_same_names():
     assert result.auc == 0.8 and result.logloss == 0.5 and result.precision == "fp32"
     assert result.epochs == report.epochs and result.epoch_end == report.epoch_end
     assert result.checkpoint_path == "/ckpt/e1" and result.feed_service == fed
+    assert result.feed == report.feed and result.feed.caches["train"].replayed  # the worker's feeder, typed
     no_eval = TrainingResult.from_ray(_report(auc=math.nan).to_ray(), None)
     assert math.isnan(no_eval.auc)
 
@@ -84,6 +99,10 @@ def test_the_driver_rejects_a_report_it_does_not_know():
     metrics = _report().to_ray()
     metrics[REPORT_KEY]["eval_auc"] = 0.8  # a renamed figure is an error, not a silent NaN
     with pytest.raises(ValueError, match="eval_auc"):
+        TrainingResult.from_ray(metrics, None)
+    metrics = _report().to_ray()
+    metrics[REPORT_KEY]["feed"]["caches"]["train"]["state"] = "full"
+    with pytest.raises(ValueError, match="state"):
         TrainingResult.from_ray(metrics, None)
     with pytest.raises(RuntimeError, match="no 'report'"):
         TrainingResult.from_ray({"auc": 0.8}, None)

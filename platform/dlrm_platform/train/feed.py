@@ -54,6 +54,7 @@ import pyarrow as pa
 
 from dlrm_platform.config import EpochCacheConfig, JobConfig
 from dlrm_platform.errors import UserError
+from dlrm_platform.train.result import CacheStats, FeederPass, FeederReport
 
 __all__ = [
     "CacheOverflow",
@@ -233,15 +234,15 @@ class EpochCache:
                 table = pa.Table.from_batches([self._reader.get_batch(self._spilled[int(i)])])
             yield table
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "state": "complete" if self.complete else ("off" if self.abandoned else "filling"),
-            "batches": self.num_batches,
-            "samples": self.samples,
-            "memory_mb": round(self.memory_bytes / _MB, 2),
-            "disk_mb": round(self.disk_bytes / _MB, 2),
-            "reason": self.reason,
-        }
+    def describe(self) -> CacheStats:
+        return CacheStats(
+            state="complete" if self.complete else ("off" if self.abandoned else "filling"),
+            batches=self.num_batches,
+            samples=self.samples,
+            memory_mb=round(self.memory_bytes / _MB, 2),
+            disk_mb=round(self.disk_bytes / _MB, 2),
+            reason=self.reason,
+        )
 
     def close(self) -> None:
         if self._writer is not None:
@@ -414,12 +415,13 @@ class ShardFeeder:
         self._decided[name].set()
         return ds.replay
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> FeederReport:
         """Cache state and per-pass figures, for the run's summary."""
-        return {
-            "caches": {n: d.cache.describe() | {"replayed": bool(d.replay)} for n, d in self._datasets.items()},
-            "passes": [p.stats.as_dict() for p in self._passes.values() if p.stats.source],
-        }
+        return FeederReport(
+            caches={n: d.cache.describe().model_copy(update={"replayed": bool(d.replay)})
+                    for n, d in self._datasets.items()},
+            passes=[FeederPass.model_validate(p.stats.as_dict()) for p in self._passes.values() if p.stats.source],
+        )
 
     def close(self) -> None:
         self._stop.set()

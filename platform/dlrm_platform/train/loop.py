@@ -97,7 +97,7 @@ from dlrm_platform.train.perf import (
     visible_cpus,
 )
 from dlrm_platform.train.mlflow_logger import Tracker, make_tracker
-from dlrm_platform.train.result import EpochEnd, EpochRecord, TrainReport
+from dlrm_platform.train.result import EpochEnd, EpochRecord, FeederReport, TrainReport
 from dlrm_platform.output.progress import ProgressSink
 from dlrm_platform.output.worker_logs import configure_worker_logging
 
@@ -348,7 +348,7 @@ class Worker:
     # ----------------------------------------------------------------- checkpoints
 
     def report(self, epoch: int, start_epoch: int = 0, epoch_end: EpochEnd | None = None,
-               feed: dict[str, Any] | None = None) -> TrainReport:
+               feed: FeederReport | None = None) -> TrainReport:
         """The run's figures so far, as the driver reads them back (``result.TrainingResult``)."""
         p = self.progress
         busy = p.wait_s + p.compute_s
@@ -366,7 +366,7 @@ class Worker:
             intra_op_threads=self.threads.intra_op if self.threads else torch.get_num_threads(),
             epochs=list(self.epoch_log),
             epoch_end=epoch_end,
-            feed=dict(feed or {}),
+            feed=feed or FeederReport(),
         )
 
     def checkpoint(self, report: TrainReport) -> None:

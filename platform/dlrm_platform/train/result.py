@@ -19,13 +19,14 @@ No torch here: the driver reads results without the model's imports.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dlrm_platform.ingest.feed_report import FeedReport
 
-__all__ = ["REPORT_KEY", "EpochEnd", "EpochRecord", "TrainReport", "TrainingResult"]
+__all__ = ["REPORT_KEY", "CacheStats", "EpochEnd", "EpochRecord", "FeederPass", "FeederReport", "TrainReport",
+           "TrainingResult"]
 
 REPORT_KEY = "report"  # the one key of the metrics dict a worker hands ray.train.report
 
@@ -54,6 +55,38 @@ class EpochEnd(_Result):
     source: str
 
 
+class CacheStats(_Result):
+    """One dataset's epoch cache on a worker (``train.feed.EpochCache.describe``)."""
+
+    state: Literal["complete", "off", "filling"]
+    batches: int
+    samples: int
+    memory_mb: float
+    disk_mb: float
+    reason: str = ""  # why it is off ("" otherwise)
+    replayed: bool = False  # later passes of the dataset replay it
+
+
+class FeederPass(_Result):
+    """How one pass reached a worker (``train.feed.PassStats``): from the pipeline or the cache, and how fast."""
+
+    name: str
+    epoch: int
+    source: str  # "pipeline" or "cache"
+    batches: int
+    samples: int
+    skipped: int  # batches a restored checkpoint had already trained in this pass
+    first_batch_s: float | None  # seconds from opening the source to its first batch
+    source_s: float | None  # seconds until the source was exhausted
+
+
+class FeederReport(_Result):
+    """A worker's feeder: its epoch caches and the passes it fed (``train.feed.ShardFeeder.describe``)."""
+
+    caches: dict[str, CacheStats] = Field(default_factory=dict)
+    passes: list[FeederPass] = Field(default_factory=list)
+
+
 class TrainReport(_Result):
     """The run's figures at a checkpoint, summed over workers.
 
@@ -77,7 +110,7 @@ class TrainReport(_Result):
     intra_op_threads: int
     epochs: list[EpochRecord] = Field(default_factory=list)
     epoch_end: EpochEnd | None = None
-    feed: dict[str, Any] = Field(default_factory=dict)  # the worker's feeder (train.feed.ShardFeeder.describe)
+    feed: FeederReport = Field(default_factory=FeederReport)  # rank 0's feeder
 
     def to_ray(self) -> dict[str, Any]:
         """The metrics dict for ``ray.train.report``."""
