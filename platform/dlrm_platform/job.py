@@ -75,11 +75,10 @@ class JobSummary:
     def from_json(cls, text: str) -> JobSummary:
         """What :meth:`to_json` wrote (``--summary-json``), typed again."""
         fields = json.loads(text)
-        feed = fields.pop("feed", None)
         return cls(**{**fields,
                       "epochs": [EpochRecord.model_validate(e) for e in fields.get("epochs", [])],
                       "epoch_cache": {n: CacheStats.model_validate(c) for n, c in fields.get("epoch_cache", {}).items()},
-                      "feed": FeedReport.model_validate(feed) if feed else None})
+                      "feed": FeedReport.model_validate(fields["feed"]) if fields.get("feed") else None})
 
     def render(self) -> str:
         per_epoch = ", ".join(f"{e.data_wait_fraction:.3f}" for e in self.epochs)

@@ -194,8 +194,6 @@ class FeedClient:
                     yield table.slice(i, 1)
 
 
-
-
 def read_feed_report(feed: Any, timeout_s: float = 10.0) -> FeedReport:
     """The feed service's report on this job (``feed``: the actor handle, or a :class:`JobFeed`), validated."""
     import ray
