@@ -275,3 +275,52 @@ def test_oracle_re_measures_the_allocations_it_must_beat_and_keeps_the_best():
     trace = run_controller_in_sim(pipe, spec, steps=30)
     assert trace[-1]["allocation"] == {"a": 1, "b": 5}
     assert "done" in trace[-1]["policy_state"]
+
+
+def _moves_and_tail(pipe_seed: int, **options) -> tuple[int, float]:
+    from dlrm_platform.tuner.simulator import random_pipeline
+
+    pipe = random_pipeline(np.random.default_rng(pipe_seed))
+    pipe.noise = max(pipe.noise, 0.10)
+    specs = [OpSpec(o.name, o.num_cpus, initial=max(1, int(pipe.budget // len(pipe.ops) // o.num_cpus)))
+             for o in pipe.ops]
+    trace = run_controller_in_sim(pipe, TunerSpec("t", "plumber", pipe.budget, specs, options=options),
+                                  steps=150, seed=pipe_seed)
+    allocs = [x["allocation"] for x in trace[60:]]
+    return sum(a != b for a, b in zip(allocs, allocs[1:])), _tail(trace, 90)
+
+
+def test_plumber_does_not_swap_between_near_equal_allocations_under_noise():
+    # Without the hysteresis (noise_k 0, no memory) the LP re-plans on every window's noise.
+    seeds = range(12)
+    without = [_moves_and_tail(s, plumber_noise_k=0.0, plumber_memory_s=0.0) for s in seeds]
+    with_ = [_moves_and_tail(s) for s in seeds]
+    moves_without, moves_with = sum(m for m, _ in without), sum(m for m, _ in with_)
+    assert moves_with <= 0.6 * moves_without, (moves_with, moves_without)
+    # holding still costs no throughput
+    assert np.mean([t for _, t in with_]) >= np.mean([t for _, t in without]) - 0.01
+
+
+def test_plumber_measures_noise_and_holds_gains_below_it():
+    from dlrm_platform.tuner.observe import OpObs
+    from dlrm_platform.tuner.policies import PlumberPolicy
+
+    pipe = _pipe()
+    policy = PlumberPolicy(_spec("plumber", pipe))
+
+    def obs(t: float, rates: dict[str, float]) -> Observation:
+        ops = [OpObs(n, 4, 1.0, r * 4, r, 1.0, 4.0, 1.0, 0.0, 0.0, 0.0, measured=True) for n, r in rates.items()]
+        return Observation(t, 1.0, ops, min(r * 4 for r in rates.values()), 0.0, 1e12, 0.0, 12.0,
+                           since_change_s=t)
+
+    # b's rate swings +-20% from window to window; a and c hold still
+    for i in range(12):
+        policy.mem.update(obs(3.0 + i, {"a": 100.0, "b": 100.0 * (1.2 if i % 2 else 0.8), "c": 100.0}), 0.0)
+    assert policy.mem.noise["a"] == 0.0 and policy.mem.noise["b"] > 0.2
+    per_slot = {"a": 200.0, "b": 100.0, "c": 200.0}  # b is the bottleneck before and after the move
+    alloc = {"a": 4, "b": 4, "c": 4}
+    # a move whose before/after bottleneck is the noisy b must clear about 2 x 0.58 x sqrt(2) x noise(b)
+    assert 0.25 >= policy.required_gain(alloc, {"a": 3, "b": 5, "c": 4}, per_slot) > 0.2
+    # one between quiet operators only needs the configured minimum
+    quiet = {"a": 100.0, "b": 1000.0, "c": 100.0}
+    assert policy.required_gain(alloc, {"a": 5, "b": 3, "c": 4}, quiet) == policy.min_gain

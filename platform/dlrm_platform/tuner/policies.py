@@ -94,11 +94,17 @@ class RayDefaultPolicy(Policy):
 
 
 class _RateMemory:
-    """Per-operator samples/s per slot, smoothed across measurements."""
+    """Per-operator samples/s per slot, smoothed across measurements, and how noisy each is.
+
+    ``noise[name]`` is the smoothed relative change between successive measurements
+    of one operator at an unchanged allocation (mean |v - mean| / mean): what a
+    window's measurement moves by when nothing changed.
+    """
 
     def __init__(self, alpha: float = 0.5):
         self.alpha = alpha
         self.rates: dict[str, float] = {}
+        self.noise: dict[str, float] = {}
 
     def update(self, obs: Observation, min_since_change: float) -> None:
         if obs.since_change_s < min_since_change:
@@ -109,13 +115,31 @@ class _RateMemory:
                 continue
             v = o.rate_per_slot * f
             old = self.rates.get(o.name)
-            self.rates[o.name] = v if old is None else (1 - self.alpha) * old + self.alpha * v
+            if old is None:
+                self.rates[o.name] = v
+                continue
+            if old > 0:
+                dev = abs(v - old) / old
+                prev = self.noise.get(o.name)
+                self.noise[o.name] = dev if prev is None else (1 - self.alpha) * prev + self.alpha * dev
+            self.rates[o.name] = (1 - self.alpha) * old + self.alpha * v
 
     def complete(self, names: Sequence[str]) -> bool:
         return all(n in self.rates for n in names)
 
 
 class PlumberPolicy(Policy):
+    """Plumber's LP on measured per-slot rates, with a hysteresis sized by the measured noise.
+
+    A plan moves only when its predicted gain clears ``plumber_min_gain`` and
+    ``plumber_noise_k`` times the noise of the ratio it rests on (the current and
+    the planned bottleneck's rate estimates; at most ``plumber_max_required_gain``), and never back to an allocation
+    measured in the last ``plumber_memory_s`` seconds unless that allocation's
+    *measured* throughput beat the current one's by the same margin. Without it,
+    a 2-core machine's noise (10-30% between windows) made the LP swap between
+    near-equal allocations at every re-plan, each swap costing a pool resize.
+    """
+
     name = "plumber"
 
     def __init__(self, spec: TunerSpec):
@@ -123,13 +147,53 @@ class PlumberPolicy(Policy):
         self.warmup_s = float(self.opts.get("plumber_warmup_s", 4.0))
         self.replan_s = float(self.opts.get("plumber_replan_s", 10.0))
         self.min_gain = float(self.opts.get("plumber_min_gain", 0.03))
+        self.noise_k = float(self.opts.get("plumber_noise_k", 2.0))
+        self.memory_s = float(self.opts.get("plumber_memory_s", 60.0))
+        # so that very noisy windows slow the policy down rather than freeze it
+        self.max_required_gain = float(self.opts.get("plumber_max_required_gain", 0.25))
+        self.settle_s = float(self.opts.get("settle_s", 1.0)) + 1.0
         self.mem = _RateMemory()
         self.plans = 0
+        self.held = 0  # plans the hysteresis held back
         self.last_prediction: float | None = None
         self.last_rates: dict[str, float] = {}
+        self.last_required_gain = self.min_gain
+        # allocation -> (smoothed measured samples/s, time of its last measurement)
+        self.measured: dict[tuple[tuple[str, int], ...], tuple[float, float]] = {}
+
+    @staticmethod
+    def _key(alloc: Allocation) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted(alloc.items()))
+
+    def _record_throughput(self, obs: Observation, alloc: Allocation) -> None:
+        if obs.since_change_s < self.settle_s or obs.throughput <= 0:
+            return
+        key = self._key(alloc)
+        old = self.measured.get(key)
+        v = obs.throughput if old is None else (1 - self.mem.alpha) * old[0] + self.mem.alpha * obs.throughput
+        self.measured[key] = (v, obs.t)
+
+    def required_gain(self, alloc: Allocation, new: Allocation, per_slot: dict[str, float]) -> float:
+        """The predicted gain a move must clear: the noise of the two bottleneck estimates it compares."""
+        def bottleneck(a: Allocation) -> str:
+            return min(per_slot, key=lambda n: a.get(n, 0) * per_slot[n])
+
+        noise = [self.mem.noise.get(bottleneck(a), 0.0) for a in (alloc, new)]
+        # a smoothed estimate's error is ~0.58x one window's (alpha 0.5), the ratio's ~sqrt(2) that
+        by_noise = self.noise_k * 0.58 * math.sqrt(noise[0] ** 2 + noise[1] ** 2)
+        return max(self.min_gain, min(by_noise, self.max_required_gain))
+
+    def _measured_worse(self, obs: Observation, alloc: Allocation, new: Allocation, required: float) -> bool:
+        """``new`` was measured lately and did not beat ``alloc``'s measured throughput by ``required``."""
+        then = self.measured.get(self._key(new))
+        now = self.measured.get(self._key(alloc))
+        if then is None or now is None or obs.t - then[1] > self.memory_s:
+            return False
+        return then[0] < now[0] * (1 + required)
 
     def decide(self, obs, alloc, specs, budget):
-        self.mem.update(obs, min_since_change=float(self.opts.get("settle_s", 1.0)) + 1.0)
+        self.mem.update(obs, min_since_change=self.settle_s)
+        self._record_throughput(obs, alloc)
         wait = self.warmup_s if self.plans == 0 else self.replan_s
         if obs.since_change_s < wait:
             return None
@@ -142,16 +206,23 @@ class PlumberPolicy(Policy):
         current = min(alloc[s.name] * per_slot[s.name] for s in specs)
         self.last_rates = dict(per_slot)
         self.last_prediction = sol.predicted_integer_throughput
-        if sol.allocation != alloc and sol.predicted_integer_throughput >= current * (1 + self.min_gain):
-            self.plans += 1
-            return sol.allocation
+        if sol.allocation != alloc:
+            required = self.required_gain(alloc, sol.allocation, per_slot)
+            self.last_required_gain = required
+            if sol.predicted_integer_throughput < current * (1 + required) \
+                    or self._measured_worse(obs, alloc, sol.allocation, required):
+                self.held += 1
+            else:
+                self.plans += 1
+                return sol.allocation
         if self.plans == 0:
             self.plans = 1  # the first plan kept the allocation; from now on, re-plan periodically
         return None
 
     def describe(self) -> str:
         p = f", predicts {self.last_prediction:,.0f}/s" if self.last_prediction else ""
-        return f"plumber: {self.plans} plan(s){p}"
+        h = f", {self.held} held (gain under {self.last_required_gain:.0%})" if self.held else ""
+        return f"plumber: {self.plans} plan(s){p}{h}"
 
     def explain(self, obs, alloc, new, specs, budget):
         # the very rates the LP planned with
