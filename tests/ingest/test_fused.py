@@ -128,3 +128,26 @@ def test_block_plan_defaults_to_eight_batches_capped_by_bytes():
 ])
 def test_fusion_is_on_unless_a_policy_steers_operators_one_by_one(fusion, policy, expected):
     assert fused.fusion_enabled(IngestConfig(fusion=fusion), TunerConfig(policy=policy)) is expected
+
+
+def test_read_tasks_transform_growing_chunks_and_cut_them_into_blocks(tmp_path, monkeypatch):
+    # The first transform call holds one block's samples (the first block comes as early as block by
+    # block), later ones 2, 4, then 8 blocks' (fewer per-call costs); every yielded block <= block_rows.
+    table = _flat(9000)
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(table, path)
+    calls: list[int] = []
+    real = fused.preprocess_flat
+
+    def recording(t, spec, batch_size):
+        calls.append(t.num_rows)
+        return real(t, spec, batch_size)
+
+    monkeypatch.setattr(fused, "preprocess_flat", recording)
+    blocks = list(fused._flat_reader(str(path), 0, 1, _spec(tmp_path), 64, 256)())
+    assert calls == [256, 512, 1024, 2048, 2048, 2048, 1064]
+    sizes = [sum(b.column("num_samples").to_pylist()) for b in blocks]
+    assert sum(sizes) == 9000 and max(sizes) == 256
+    assert len(blocks) == -(-9000 // 256)  # chunks are whole blocks: only the last block is short
+    ref = _spec(tmp_path / "ref")
+    assert _samples(blocks) == _samples([fused.preprocess_flat(table, ref, 64)])

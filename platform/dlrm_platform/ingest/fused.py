@@ -6,9 +6,9 @@ operator (``ReadFusedParquet`` / ``ReadFusedSessions``)::
 
     read task (one per file or shard pair, or per row-group range of a large file)
       read the Parquet columns once
-      for every slice of ~block_rows samples:          (sessions kept whole on the dedup path)
+      for every chunk of 1, 2, 4, then 8 blocks' samples:   (sessions kept whole on the dedup path)
           parse -> dense_transform -> sparse_transform -> batch
-          yield the slice's packed batches               one Ray Data block
+          yield its packed batches, ~block_rows samples at a time: one Ray Data block each
 
 The functions are the very ones the unfused pipeline runs as separate
 operators (:mod:`.transforms`, :mod:`.dedup_operators`), so a fused epoch delivers the
@@ -18,7 +18,11 @@ framework's per-operator cost, measured on the demo: four extra tasks per
 block, each with its own scheduling, object-store put and get of the
 intermediate table, and the operators' minimum CPU reservations; yielding
 several blocks per read task lets the trainer start on a block while its file
-is still being transformed.
+is still being transformed. Transforming several blocks' samples per call and
+cutting the packed output into blocks costs less than transforming block by
+block (each transform has a per-call cost per feature: measured on the demo's
+shards, 8 blocks per call 0.89x the whole-shard CPU cost against 0.68x), and the
+chunks grow from one block so the first block comes as early as before.
 
 Nothing here imports torch: Ray Data workers import this module.
 """
@@ -59,6 +63,7 @@ _NON_STEERING_POLICIES = frozenset({"static", "auto"})
 _TARGET_BLOCK_BYTES = 8 << 20  # upper bound of one yielded block of packed batches
 _BATCHES_PER_BLOCK = 8  # default block: enough batches to amortise a block's overhead, early enough to overlap
 _MAX_ROWS_PER_TASK = 1 << 20  # a larger file is read by several tasks (row-group ranges)
+_MAX_BLOCKS_PER_CHUNK = 8  # blocks' samples transformed per call, once the chunks have grown
 
 
 def fusion_enabled(ingest: IngestConfig, tuner: TunerConfig | None) -> bool:
@@ -117,16 +122,28 @@ def preprocess_sessions(block: pa.Table, spec: TransformSpec, batch_size: int) -
 # --------------------------------------------------------------------------- slicing a read into blocks
 
 
-def _sample_slices(num_rows: int, rows: int) -> Iterator[tuple[int, int]]:
-    for lo in range(0, num_rows, rows):
-        yield lo, min(rows, num_rows - lo)
+def _chunk_rows(block_rows: int) -> Iterator[int]:
+    """Samples per transform call: 1, 2, 4, then 8 blocks' worth (the first block as early as one block allows)."""
+    blocks = 1
+    while True:
+        yield blocks * block_rows
+        blocks = min(2 * blocks, _MAX_BLOCKS_PER_CHUNK)
 
 
-def _session_slices(block: pa.Table, rows: int) -> Iterator[tuple[int, int]]:
-    """(first session, number of sessions) slices of a session block holding at most ``rows`` samples each.
+def _sample_slices(num_rows: int, block_rows: int) -> Iterator[tuple[int, int]]:
+    """(first row, rows) chunks of ``num_rows`` flat rows, growing as :func:`_chunk_rows`."""
+    lo, sizes = 0, _chunk_rows(block_rows)
+    while lo < num_rows:
+        n = min(next(sizes), num_rows - lo)
+        yield lo, n
+        lo += n
+
+
+def _session_slices(block: pa.Table, block_rows: int) -> Iterator[tuple[int, int]]:
+    """(first session, number of sessions) chunks of a session block, growing as :func:`_chunk_rows`.
 
     Whole sessions, as many as fit (one, if a single session is larger): with
-    ``rows`` a multiple of the batch size, a slice's last batch then falls
+    ``block_rows`` a multiple of the batch size, a chunk's last batch then falls
     short of full by less than one session, instead of holding the few
     samples that overshoot (measured: a tiny last batch per block, each a
     full-weight optimizer step on a handful of samples, cost the demo 0.02 AUC).
@@ -135,13 +152,24 @@ def _session_slices(block: pa.Table, rows: int) -> Iterator[tuple[int, int]]:
     if len(counts) == 0:
         return
     ends = np.cumsum(counts)
-    lo = 0
+    lo, sizes = 0, _chunk_rows(block_rows)
     while lo < len(counts):
         base = ends[lo - 1] if lo else 0
-        hi = int(np.searchsorted(ends, base + rows, side="right"))  # sessions ending within the slice
+        hi = int(np.searchsorted(ends, base + next(sizes), side="right"))  # sessions ending within the chunk
         hi = min(max(hi, lo + 1), len(counts))
         yield lo, hi - lo
         lo = hi
+
+
+def _blocks_of(packed: pa.Table, block_rows: int) -> Iterator[pa.Table]:
+    """A chunk's packed batches, cut into blocks of whole batches holding at most ``block_rows`` samples
+    (at least one batch each)."""
+    ends = np.cumsum(np.asarray(packed.column("num_samples"), dtype=np.int64))
+    lo, base = 0, 0
+    while lo < packed.num_rows:
+        hi = max(int(np.searchsorted(ends, base + block_rows, side="right")), lo + 1)
+        yield packed.slice(lo, hi - lo)
+        base, lo = int(ends[hi - 1]), hi
 
 
 # --------------------------------------------------------------------------- datasources
@@ -219,9 +247,7 @@ def _flat_reader(path: str, first_group: int, num_groups: int, spec: TransformSp
         table = f.read_row_groups(groups, columns=task_spec.columns.columns) if groups else \
             f.schema_arrow.empty_table().select(task_spec.columns.columns)
         for lo, n in _sample_slices(table.num_rows, block_rows):
-            out = preprocess_flat(table.slice(lo, n), task_spec, batch_size)
-            if out.num_rows:
-                yield out
+            yield from _blocks_of(preprocess_flat(table.slice(lo, n), task_spec, batch_size), block_rows)
 
     return read
 
@@ -261,8 +287,6 @@ def _session_reader(users_path: str, samples_path: str, spec: TransformSpec, bat
         # or each block (and so a run of consecutive steps) would hold one key range only.
         block = block.take(pa.array(dedup_sessions.session_order(block, task_spec.columns.session_key)))
         for lo, n in _session_slices(block, block_rows):
-            out = preprocess_sessions(block.slice(lo, n), task_spec, batch_size)
-            if out.num_rows:
-                yield out
+            yield from _blocks_of(preprocess_sessions(block.slice(lo, n), task_spec, batch_size), block_rows)
 
     return read
