@@ -113,6 +113,9 @@ class FakeTracker:
         return self.progress_of.get(run_id)
 
     def find_run(self, job_id: str) -> tuple[str, str] | None:
+        for run_id, run in self.runs.items():
+            if run["tags"].get("job_id") == job_id:
+                return run_id, "1"
         return None
 
     def run_url(self, experiment_id: str, run_id: str) -> str:

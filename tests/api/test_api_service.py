@@ -371,6 +371,16 @@ def test_mlflow_down_does_not_block_jobs(stack: Stack):
     assert "tracking.run_id" not in sets_of(stack.backend.submissions[-1]["entrypoint"])
 
 
+def test_a_run_created_before_a_crash_is_adopted_not_duplicated(stack: Stack):
+    # The service created the job's run, then stopped before saving its id: the next tick finds it by tag.
+    job = stack.submit("alice")["id"]
+    orphan, _ = stack.tracker.create_run("dlrm-platform", f"tiny-{job}", {"job_id": job, "user": "alice"})
+    stack.service.tick()
+    j = stack.job(job)
+    assert j["mlflow_run_id"] == orphan and list(stack.tracker.runs) == [orphan]
+    assert sets_of(stack.backend.submissions[-1]["entrypoint"])["tracking.run_id"] == json.dumps(orphan)
+
+
 def test_metrics_endpoint(stack: Stack):
     stack.submit("alice")
     stack.client.get("/v1/jobs", headers={"X-API-Key": "bad"})

@@ -40,12 +40,18 @@ class MlflowRuns:
         self._progress_read: dict[str, float] = {}
 
     def ensure_run(self, job: JobRecord) -> None:
-        """Create the job's run, tagged with its id and owner, before its first attempt."""
+        """Create the job's run, tagged with its id and owner, before its first attempt.
+
+        A run already tagged with the job's id is adopted instead: a service that
+        stopped between creating the run and saving its id would otherwise leave
+        that run behind, empty, next to a second one.
+        """
         if job.mlflow_run_id or self.tracker is None:
             return
         tracking = job.config.get("tracking") or {}
         try:
-            run_id, exp_id = self.tracker.create_run(
+            found = self.tracker.find_run(job.id)
+            run_id, exp_id = found if found is not None else self.tracker.create_run(
                 str(tracking.get("experiment") or "dlrm-platform"),
                 str(tracking.get("run_name") or f"{job.name}-{job.id}"),
                 {**(tracking.get("tags") or {}), JOB_ID_TAG: job.id, USER_TAG: job.owner},
