@@ -324,3 +324,31 @@ def test_plumber_measures_noise_and_holds_gains_below_it():
     # one between quiet operators only needs the configured minimum
     quiet = {"a": 100.0, "b": 1000.0, "c": 100.0}
     assert policy.required_gain(alloc, {"a": 5, "b": 3, "c": 4}, quiet) == policy.min_gain
+
+
+def test_held_plans_reach_the_tuner_report_through_auto():
+    # auto -> plumber on a noisy 3-operator pipeline: the plans its hysteresis held back are recorded
+    # (allocation, predicted and required gain, why) and listed in the run's tuner report.
+    from dlrm_platform.tuner.controller import Controller
+    from dlrm_platform.tuner.recorder import TunerHandle
+    from dlrm_platform.tuner.simulator import NoisyCounters, PipelineSim
+
+    pipe = SimPipeline(ops=[SimOp("a", 400.0), SimOp("b", 390.0), SimOp("c", 410.0)], budget=12.0, noise=0.15)
+    spec = _spec("auto", pipe)
+    ctl = Controller(spec)
+    rng = np.random.default_rng(3)
+    sim, noise = PipelineSim(pipe, rng), NoisyCounters(pipe.noise, rng)
+    sim.set_allocation(ctl.allocation)
+    ctl.start_epoch()
+    ctl.tick(noise(RawSnapshot(0.0, {n: RawOp() for n in pipe.names}, 0.0, 0.0, pipe.mem_limit)), pipe.budget)
+    for _ in range(120):
+        new = ctl.tick(noise(sim.step(spec.interval_s)), pipe.budget)
+        if new is not None:
+            sim.set_allocation(new)
+    handle = TunerHandle(spec)
+    handle._cache = ctl.pop_records()
+    held = handle.held()
+    assert held, "near-equal operators under 15% noise: some plan must have been held back"
+    assert all(h["predicted_gain"] < h["required_gain"] or h["reason"].startswith("measured") for h in held)
+    assert handle.summary()["held"] == len(held)
+    assert "plans held back" in handle.report() and held[-1]["reason"] in handle.report()

@@ -160,6 +160,7 @@ class PlumberPolicy(Policy):
         self.last_required_gain = self.min_gain
         # allocation -> (smoothed measured samples/s, time of its last measurement)
         self.measured: dict[tuple[tuple[str, int], ...], tuple[float, float]] = {}
+        self.notes: list[dict] = []  # plans held back, recorded by the controller
 
     @staticmethod
     def _key(alloc: Allocation) -> tuple[tuple[str, int], ...]:
@@ -191,6 +192,14 @@ class PlumberPolicy(Policy):
             return False
         return then[0] < now[0] * (1 + required)
 
+    def _hold(self, new: Allocation, gain: float, required: float, reason: str) -> None:
+        self.held += 1
+        self.notes.append({"held": dict(new), "predicted_gain": gain, "required_gain": required, "reason": reason})
+
+    def pop_notes(self) -> list[dict]:
+        out, self.notes = self.notes, []
+        return out
+
     def decide(self, obs, alloc, specs, budget):
         self.mem.update(obs, min_since_change=self.settle_s)
         self._record_throughput(obs, alloc)
@@ -209,9 +218,11 @@ class PlumberPolicy(Policy):
         if sol.allocation != alloc:
             required = self.required_gain(alloc, sol.allocation, per_slot)
             self.last_required_gain = required
-            if sol.predicted_integer_throughput < current * (1 + required) \
-                    or self._measured_worse(obs, alloc, sol.allocation, required):
-                self.held += 1
+            gain = sol.predicted_integer_throughput / current - 1.0 if current > 0 else math.inf
+            if gain < required:
+                self._hold(sol.allocation, gain, required, "predicted gain within the measured noise")
+            elif self._measured_worse(obs, alloc, sol.allocation, required):
+                self._hold(sol.allocation, gain, required, "measured no better when it last ran")
             else:
                 self.plans += 1
                 return sol.allocation
@@ -594,7 +605,7 @@ class AutoPolicy(Policy):
 
     def pop_notes(self) -> list[dict]:
         out, self.notes = self.notes, []
-        return out
+        return out + (self.inner.pop_notes() if isinstance(self.inner, PlumberPolicy) else [])
 
     def describe(self) -> str:
         if self.choice is None:

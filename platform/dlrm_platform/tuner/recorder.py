@@ -133,6 +133,9 @@ class TunerHandle:
             "decisions": sum(1 for t in ticks if t.get("decision")),
             "epochs": max(t["epoch"] for t in ticks),
         })
+        held = self.held()
+        if held:
+            out["held"] = len(held)
         choices = [{"epoch": r.get("epoch"), "choice": r.get("choice"), "reason": r.get("reason")}
                    for r in self.history() if r.get("type") == "note" and r.get("choice")]
         if choices:
@@ -150,6 +153,13 @@ class TunerHandle:
                             "bottleneck": ex.get("bottleneck") or t.get("bottleneck"),
                             "expected_gain": ex.get("expected_gain"), "why": ex.get("text")})
         return out
+
+    def held(self) -> list[dict]:
+        """Plans the policy held back (plumber's hysteresis): the allocation, its predicted and required gain, why."""
+        return [{"elapsed_s": r.get("elapsed"), "epoch": r.get("epoch"), "allocation": r["held"],
+                 "predicted_gain": r.get("predicted_gain"), "required_gain": r.get("required_gain"),
+                 "reason": r.get("reason")}
+                for r in self.history() if r.get("type") == "note" and r.get("held")]
 
     def report(self, epochs: list[dict] | None = None) -> str:
         """The run's tuner report: the policy's choice, its decisions, the bottleneck report of each
@@ -171,6 +181,12 @@ class TunerHandle:
             change = ", ".join(f"{op} {delta:+d}" for op, delta in d["change"].items())
             lines.append(f"  t={d['elapsed_s'] or 0:.1f}s execution {d['epoch']}: {change} -> {d['allocation']}; "
                          f"{d.get('why') or 'bottleneck ' + str(d.get('bottleneck'))}")
+        held = self.held()
+        if held:
+            lines += ["", f"plans held back: {len(held)} (a move must clear the noise of the rates it rests on)"]
+            for h in held[-10:]:
+                lines.append(f"  t={h['elapsed_s'] or 0:.1f}s execution {h['epoch']}: {h['allocation']} predicted "
+                             f"{h['predicted_gain']:+.0%}, needed {h['required_gain']:+.0%}: {h['reason']}")
         reports = [r for r in records if r.get("type") == "report"]
         for i, r in enumerate(reports, 1):
             lines += ["", f"bottleneck report, pipeline execution {r.get('epoch')} ({i} of {len(reports)}):",
