@@ -132,10 +132,11 @@ class PlumberPolicy(Policy):
     """Plumber's LP on measured per-slot rates, with a hysteresis sized by the measured noise.
 
     A plan moves only when its predicted gain clears ``plumber_min_gain`` and
-    ``plumber_noise_k`` times the noise of the ratio it rests on (the current and
-    the planned bottleneck's rate estimates; at most ``plumber_max_required_gain``), and never back to an allocation
-    measured in the last ``plumber_memory_s`` seconds unless that allocation's
-    *measured* throughput beat the current one's by the same margin. Without it,
+    ``plumber_noise_k`` times the noise of the ratio it rests on (the current
+    and the planned bottleneck's rate estimates; at most
+    ``plumber_max_required_gain``), and never back to an allocation measured in
+    the last ``plumber_memory_s`` seconds unless that allocation's *measured*
+    throughput beat the current one's by the same margin. Without it,
     a 2-core machine's noise (10-30% between windows) made the LP swap between
     near-equal allocations at every re-plan, each swap costing a pool resize.
     """
@@ -161,6 +162,7 @@ class PlumberPolicy(Policy):
         # allocation -> (smoothed measured samples/s, time of its last measurement)
         self.measured: dict[tuple[tuple[str, int], ...], tuple[float, float]] = {}
         self.notes: list[dict] = []  # plans held back, recorded by the controller
+        self._last_hold: tuple[Allocation, str] | None = None
 
     @staticmethod
     def _key(alloc: Allocation) -> tuple[tuple[str, int], ...]:
@@ -194,7 +196,11 @@ class PlumberPolicy(Policy):
 
     def _hold(self, new: Allocation, gain: float, required: float, reason: str) -> None:
         self.held += 1
-        self.notes.append({"held": dict(new), "predicted_gain": gain, "required_gain": required, "reason": reason})
+        # A held plan is re-planned every tick until something moves: note it when it changes, not each time.
+        if (dict(new), reason) != self._last_hold:
+            self._last_hold = (dict(new), reason)
+            self.notes.append({"held": dict(new), "predicted_gain": gain, "required_gain": required,
+                               "reason": reason})
 
     def pop_notes(self) -> list[dict]:
         out, self.notes = self.notes, []
@@ -225,6 +231,7 @@ class PlumberPolicy(Policy):
                 self._hold(sol.allocation, gain, required, "measured no better when it last ran")
             else:
                 self.plans += 1
+                self._last_hold = None
                 return sol.allocation
         if self.plans == 0:
             self.plans = 1  # the first plan kept the allocation; from now on, re-plan periodically
