@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from dlrm_platform.tuner.observe import RawOp, RawSnapshot, observe
 from dlrm_platform.tuner.plumber import analyse, solve_lp
@@ -54,3 +55,30 @@ def test_report_names_the_bottleneck_and_recommends():
     by = {o.name: o for o in rep.operators}
     # rate per core in samples/s: read 2000 rows/slot-s * 0.9 = 1800; parse 500 * 0.9 = 450
     assert np.isclose(by["read"].rate_per_core, 1800.0) and np.isclose(by["parse"].rate_per_core, 450.0)
+
+
+@pytest.mark.parametrize(("num_cpus", "min_slots", "max_slots", "budget"),
+                         [(0.5, 1, None, 1.0), (1.0, 1, None, 3.5), (1.0, 2, 3, 8.0), (2.0, 1, None, 1.0)])
+def test_one_operator_needs_no_solver_and_agrees_with_it(num_cpus, min_slots, max_slots, budget):
+    from dlrm_platform.tuner import plumber
+
+    spec = [OpSpec("fused", num_cpus, min_slots=min_slots, max_slots=max_slots)]
+    direct = plumber.solve_lp(spec, {"fused": 1000.0}, budget)
+    x = plumber._linprog(spec, np.array([1000.0]), np.array([num_cpus]), budget)
+    solved = plumber.solve_lp(spec + [OpSpec("idle", 0.01, max_slots=1)], {"fused": 1000.0, "idle": 1e9},
+                              budget + 0.01)
+    assert direct.allocation["fused"] == solved.allocation["fused"]
+    if x is not None:
+        assert direct.continuous["fused"] == pytest.approx(x[0]) and direct.predicted_throughput == pytest.approx(x[1])
+
+
+def test_the_fused_pipelines_report_does_not_import_scipy():
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from dlrm_platform.tuner.plumber import solve_lp\n"
+            "from dlrm_platform.tuner.spec import OpSpec\n"
+            "solve_lp([OpSpec('fused', 0.5)], {'fused': 1e5}, 1.0)\n"
+            "assert 'scipy.optimize' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

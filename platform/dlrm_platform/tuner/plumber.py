@@ -40,11 +40,34 @@ def solve_lp(
     budget: float,
 ) -> LPSolution:
     """``per_slot[name]`` = samples/s one slot of the operator sustains (r_i * f_i)."""
-    from scipy.optimize import linprog
-
     k = len(specs)
     a = np.array([max(per_slot[s.name], 1e-12) for s in specs], dtype=float)
     c = np.array([s.num_cpus for s in specs], dtype=float)
+    if k == 1:  # the fused pipeline's one operator: as many slots as fit (no solver, nor scipy's ~0.4 s import)
+        n = min(float(specs[0].upper(budget)), budget / c[0])
+        x = np.array([n, a[0] * n]) if n >= specs[0].min_slots else None
+    else:
+        x = _linprog(specs, a, c, budget)
+    if x is None:  # infeasible minimums: fall back to the minimums
+        cont = {s.name: float(s.min_slots) for s in specs}
+        t_star = min(a[i] * s.min_slots for i, s in enumerate(specs))
+    else:
+        cont = {s.name: float(x[i]) for i, s in enumerate(specs)}
+        t_star = float(x[-1])
+    alloc = {s.name: max(s.min_slots, int(math.floor(cont[s.name] + 1e-6))) for s in specs}
+    alloc = project(alloc, specs, budget)
+    caps = {s.name: alloc[s.name] * a[i] for i, s in enumerate(specs)}
+    alloc = fill_budget(alloc, specs, budget, caps)
+    t_int = min(alloc[s.name] * a[i] for i, s in enumerate(specs))
+    return LPSolution(alloc, cont, t_star, t_int)
+
+
+def _linprog(specs: Sequence[OpSpec], a: np.ndarray, c: np.ndarray, budget: float) -> np.ndarray | None:
+    """``[n_1..n_k, t]`` maximising t s.t. t <= a_i n_i, sum c_i n_i <= budget, n_i within the operators'
+    bounds (scipy's HiGHS); None when the minimums do not fit."""
+    from scipy.optimize import linprog
+
+    k = len(specs)
     # variables x = [n_1..n_k, t]; minimise -t
     obj = np.zeros(k + 1)
     obj[-1] = -1.0
@@ -57,18 +80,7 @@ def solve_lp(
     b_ub[k] = budget
     bounds = [(s.min_slots, s.upper(budget)) for s in specs] + [(0, None)]
     res = linprog(obj, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
-    if res.status != 0:  # infeasible minimums: fall back to the minimums
-        cont = {s.name: float(s.min_slots) for s in specs}
-        t_star = min(a[i] * s.min_slots for i, s in enumerate(specs))
-    else:
-        cont = {s.name: float(res.x[i]) for i, s in enumerate(specs)}
-        t_star = float(res.x[-1])
-    alloc = {s.name: max(s.min_slots, int(math.floor(cont[s.name] + 1e-6))) for s in specs}
-    alloc = project(alloc, specs, budget)
-    caps = {s.name: alloc[s.name] * a[i] for i, s in enumerate(specs)}
-    alloc = fill_budget(alloc, specs, budget, caps)
-    t_int = min(alloc[s.name] * a[i] for i, s in enumerate(specs))
-    return LPSolution(alloc, cont, t_star, t_int)
+    return res.x if res.status == 0 else None
 
 
 def per_slot_samples(obs: Observation, fallback: Mapping[str, float] | None = None) -> dict[str, float]:
