@@ -165,11 +165,10 @@ def pipeline_alone(job, quarantine: Path, data_cpus: float = 1.0) -> dict[str, f
     """The job's train pipeline, built as ``run`` builds it (tuner included), on a fresh 2-CPU cluster with
     ``data_cpus`` for Ray Data, no trainer: a cold epoch, then the best of 3 warm epochs (the in-process
     ceiling is a best of passes too; a warm epoch's time varies 2x on this shared machine)."""
-    import pyarrow as pa
-    import pyarrow.compute  # noqa: F401 - pa.compute
     import ray
     from ray.data import DataContext, ExecutionOptions, ExecutionResources
 
+    from dlrm_platform.ingest.batching import packed_num_samples
     from dlrm_platform.ingest.feed_blocks import bundle_block_refs
     from dlrm_platform.ingest.source import validate_dataset
     from dlrm_platform.tuner.job_pipelines import build_tuned_datasets
@@ -190,12 +189,10 @@ def pipeline_alone(job, quarantine: Path, data_cpus: float = 1.0) -> dict[str, f
             # (iter_internal_ref_bundles) and the trainers fetch each block; here this process fetches them.
             for bundle in ds.iter_internal_ref_bundles():
                 for block in bundle_block_refs(bundle)[0]:
-                    table = ray.get(block.ref)
-                    if block.start is not None:
-                        table = table.slice(block.start, block.end - block.start)
+                    table = block.rows_of(ray.get(block.ref))
                     if first is None:
                         first = time.perf_counter() - start
-                    n += int(pa.compute.sum(table.column("num_samples")).as_py() or 0)
+                    n += sum(packed_num_samples(table))
             elapsed = time.perf_counter() - start
             figures = {"sps": n / elapsed, "first_batch_s": first or 0.0,
                        # after the first batch: the rate once the execution has started (its start-up excluded)

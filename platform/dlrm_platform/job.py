@@ -28,11 +28,11 @@ from typing import Any
 from dlrm_platform.config import JobConfig, load_job_config
 from dlrm_platform.errors import UserError
 from dlrm_platform.ingest.feed_report import FeedReport
-from dlrm_platform.train.result import CacheStats, EpochRecord
 from dlrm_platform.output.run_log import PROGRESS_LOGGER, STAGE_LOGGER, RunLog, open_run_log, shown_path
 from dlrm_platform.paths import enforce_job_paths
 from dlrm_platform.ray_cluster import ray_session
 from dlrm_platform.redact import redact_text
+from dlrm_platform.train.result import CacheStats, EpochRecord
 
 log = logging.getLogger("dlrm_platform.job")
 stage = logging.getLogger(STAGE_LOGGER)

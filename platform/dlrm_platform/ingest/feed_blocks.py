@@ -31,6 +31,14 @@ class BlockRef:
     start: int | None = None
     end: int | None = None
 
+    def rows_of(self, table: pa.Table) -> pa.Table:
+        """This block's rows of ``table``, the fetched value of :attr:`ref`."""
+        return _slice(table, self.start, self.end)
+
+
+def _slice(table: pa.Table, start: int | None, end: int | None) -> pa.Table:
+    return table if start is None else table.slice(start, end - start)
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -71,9 +79,7 @@ def bundle_block_refs(bundle: Any) -> tuple[list[BlockRef], int, int, float]:
 def _count_samples(table: pa.Table, start: int | None, end: int | None) -> list[int]:
     from dlrm_platform.ingest.batching import packed_num_samples
 
-    if start is not None:
-        table = table.slice(start, end - start)
-    return packed_num_samples(table)
+    return packed_num_samples(_slice(table, start, end))
 
 
 _count_task = None
@@ -115,9 +121,7 @@ def step_tables(steps: Sequence[Step], get: Callable[[list], list]) -> list[pa.T
     for step in steps:
         parts = []
         for p in step.pieces:
-            table = fetched[_ref_key(p.block.ref)]
-            if p.block.start is not None:
-                table = table.slice(p.block.start, p.block.end - p.block.start)
+            table = p.block.rows_of(fetched[_ref_key(p.block.ref)])
             parts.append((table.slice(p.row, 1), p.lo, p.hi))
         out.append(concat_packed(parts))
     return out

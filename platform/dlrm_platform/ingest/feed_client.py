@@ -187,9 +187,8 @@ class FeedClient:
                 yield from step_tables(blocks, ray.get)
                 continue
             tables = ray.get([b.ref for b in blocks])
-            for b, table in zip(blocks, tables, strict=True):
-                if b.start is not None:
-                    table = table.slice(b.start, b.end - b.start)
+            for b, fetched in zip(blocks, tables, strict=True):
+                table = b.rows_of(fetched)
                 for i in range(table.num_rows):
                     yield table.slice(i, 1)
 

@@ -271,8 +271,11 @@ class PassStats:
     first_batch_s: float | None = None  # seconds from opening the source to its first batch
     source_s: float | None = None  # seconds until the source was exhausted
 
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "started_s"}
+    def report(self) -> FeederPass:
+        """The pass as the run's summary reads it (its feeder-clock start left out)."""
+        return FeederPass(name=self.name, epoch=self.epoch, source=self.source, batches=self.batches,
+                          samples=self.samples, skipped=self.skipped, first_batch_s=self.first_batch_s,
+                          source_s=self.source_s)
 
 
 class _Pass:
@@ -420,7 +423,7 @@ class ShardFeeder:
         return FeederReport(
             caches={n: d.cache.describe().model_copy(update={"replayed": bool(d.replay)})
                     for n, d in self._datasets.items()},
-            passes=[FeederPass.model_validate(p.stats.as_dict()) for p in self._passes.values() if p.stats.source],
+            passes=[p.stats.report() for p in self._passes.values() if p.stats.source],
         )
 
     def close(self) -> None:
