@@ -225,7 +225,9 @@ def test_mlp_path_rule_follows_the_work_saved(tmp_path):
     assert model.split_saves_macs(64, 64) == 0
     # bottom 3x16 + 16x8, top (8 + 15 pairs)x12 + 12x6 + 6x1 multiply-adds per sample
     assert model.mlp_macs_per_sample == 3 * 16 + 16 * 8 + 23 * 12 + 12 * 6 + 6
-    assert model.takes_split(64, 8) and not model.takes_split(64, 64)  # saves 3,808 >= 5% of 33,920
+    # saves 3,808 >= 5% of 33,920, but far less work than the split's extra operators cost
+    assert 3_808 >= dedup_model.MLP_SPLIT_MIN_SHARE * 33_920 and 3_808 < dedup_model.MLP_SPLIT_MIN_MACS
+    assert not model.takes_split(64, 8) and not model.takes_split(64, 64)
     # Criteo-sized MLPs: the user-only slices are ~1% of the MLP work, not worth the split's extra operators
     wide = build_dedup_dlrm(_job("demo", tmp_path, bottom_mlp=[512, 256, 64, 8], top_mlp=[512, 256, 1]), "cpu").model
     saved = wide.split_saves_macs(64, 8)
@@ -246,3 +248,61 @@ def test_padded_kjt_layout(tmp_path):
         assert int(lengths[3:].sum()) == 0  # B - U empty bags
     for f in job.data.columns.item_sparse_features:
         torch.testing.assert_close(kjt[f].values(), b.item_sparse[f].values())
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_expand_user_bags_once_puts_each_user_rows_bags_in_its_first_sample_only(shuffled, tmp_path):
+    # The benchmarks' bound of what deduplicating the lookups can save: the plain batch with each user
+    # row's ids pooled once (its first sample), every other sample's user bags empty.
+    job = _job("demo", tmp_path)
+    batch = _batch(job, 50, 9, seed=3)
+    if shuffled:  # samples not grouped by user: first samples in another order than the user rows
+        perm = torch.randperm(50, generator=torch.Generator().manual_seed(1))
+        batch = DedupBatch(user_dense=batch.user_dense, user_sparse=batch.user_sparse, inverse=batch.inverse[perm],
+                           item_dense=batch.item_dense[perm], item_sparse=batch.item_sparse, labels=batch.labels[perm])
+    full, once = batch.expand(), batch.expand_user_bags_once()
+    assert torch.equal(once.dense_features, full.dense_features) and torch.equal(once.labels, full.labels)
+    inv = batch.inverse.tolist()
+    first = {u: inv.index(u) for u in set(inv)}
+    got, want = once.sparse_features.to_dict(), full.sparse_features.to_dict()
+    for key in job.data.columns.sparse_features:
+        rows_once, rows_full = got[key].to_dense(), want[key].to_dense()
+        for b, u in enumerate(inv):
+            if key in job.data.columns.user_sparse_features and first[u] != b:
+                assert rows_once[b].numel() == 0, (key, b)
+            else:
+                assert torch.equal(rows_once[b], rows_full[b]), (key, b)
+    assert sum(len(set(r.tolist())) > 0 for r in got["hist"].to_dense()) <= 9
+
+
+@pytest.mark.parametrize("mlps, batch, expect_split", [
+    (([64, 8], [64, 1]), 1024, False),  # the demo's size: ~12% of the MLP work, but 0.5M MACs (split 4-5% slower)
+    (([2048, 8], [2048, 1]), 1024, True),  # a large user-side share in multiply-adds: worth its extra operators
+    (([512, 256, 64, 8], [512, 256, 1]), 2048, False),  # Criteo-sized MLPs: ~1% of the work
+])
+def test_default_rule_takes_the_mlp_split_only_where_it_saves_enough_work(mlps, batch, expect_split, tmp_path):
+    job = _job("demo", tmp_path, bottom_mlp=mlps[0], top_mlp=mlps[1])
+    model = build_dedup_dlrm(job, "cpu").model
+    users = batch // 8
+    saves = model.split_saves_macs(batch, users)
+    assert model.takes_split(batch, users) is expect_split
+    assert (saves >= dedup_model.MLP_SPLIT_MIN_MACS
+            and saves >= dedup_model.MLP_SPLIT_MIN_SHARE * batch * model.mlp_macs_per_sample) is expect_split
+    assert not model.takes_split(batch, batch)  # one sample per user row: nothing to save
+
+
+def test_expansion_index_reads_user_rows_for_user_features_and_own_rows_for_items(tmp_path):
+    from dlrm_platform.train.batches import embedding_expansion_index
+
+    inverse = torch.tensor([0, 0, 1, 0, 2])
+    index = embedding_expansion_index(inverse, num_user_features=2, num_item_features=1).view(5, 3)
+    # rows of the pooled embeddings [B * F, E]: sample b, feature f at b * F + f
+    assert index.tolist() == [[0, 1, 2], [0, 1, 5], [3, 4, 8], [0, 1, 11], [6, 7, 14]]
+    # the model computes it when it is not given: the same logits
+    job = _job("demo", tmp_path)
+    _, ded = _twins(job, "expand")
+    batch = _batch(job, 40, 6)
+    m = ded.model
+    given = m(batch.user_dense, batch.inverse, batch.item_dense, batch.sparse_features, batch.expansion_index)
+    computed = m(batch.user_dense, batch.inverse, batch.item_dense, batch.sparse_features)
+    torch.testing.assert_close(given, computed)

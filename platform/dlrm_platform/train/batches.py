@@ -22,7 +22,7 @@ from torchrec.streamable import Pipelineable
 
 from dlrm_platform.ingest.batching import _row_values
 
-__all__ = ["DedupBatch", "dummy_dedup_batch", "unpack_batch", "unpack_dedup_batch"]
+__all__ = ["DedupBatch", "dummy_dedup_batch", "embedding_expansion_index", "unpack_batch", "unpack_dedup_batch"]
 
 
 def unpack_batch(table: pa.Table, sparse_features: Sequence[str], num_dense: int, row: int = 0) -> Batch:
@@ -64,6 +64,21 @@ def _padded_kjt(user: KeyedJaggedTensor, item: KeyedJaggedTensor, num_users: int
     )
 
 
+def embedding_expansion_index(inverse: torch.Tensor, num_user_features: int, num_item_features: int) -> torch.Tensor:
+    """int64 [B * F]: for each sample and feature (user features first), the row of the pooled embeddings
+    viewed as ``[B * F, E]`` it reads: a user feature of sample ``b`` reads user row ``inverse[b]`` (the
+    first ``U`` rows of the padded collection's output), an item feature its own row.
+
+    One gather with it replaces slicing the user and item blocks, expanding the user block and
+    concatenating them again (whose backward allocates and fills the whole gradient twice).
+    """
+    num_features = num_user_features + num_item_features
+    feature = torch.arange(num_features, device=inverse.device)
+    sample = torch.arange(inverse.numel(), device=inverse.device)
+    rows = torch.where(feature < num_user_features, inverse.to(torch.int64).unsqueeze(1), sample.unsqueeze(1))
+    return (rows * num_features + feature).reshape(-1)
+
+
 @dataclass
 class DedupBatch(Pipelineable):
     """A dedup batch as tensors: ``U`` user rows, ``B`` samples (see the module docstring).
@@ -79,6 +94,9 @@ class DedupBatch(Pipelineable):
             u_cat_0    [17] [4] [9] [] []        <- U = 3 user rows, then empty bags (no lookup)
             u_history  [3,1,4] [1,5] [] [] []
             i_cat_0    [5] [8] [2] [5] [7]       <- per sample
+
+    expansion_index: derived, int64 [B * F], :func:`embedding_expansion_index` (built with the
+        batch, on the read-ahead thread, not in the training step)
     """
 
     user_dense: torch.Tensor
@@ -89,10 +107,14 @@ class DedupBatch(Pipelineable):
     labels: torch.Tensor
     packed_bytes: int = 0
     sparse_features: KeyedJaggedTensor | None = None
+    expansion_index: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.sparse_features is None:
             self.sparse_features = _padded_kjt(self.user_sparse, self.item_sparse, self.num_users, self.num_samples)
+        if self.expansion_index is None:
+            self.expansion_index = embedding_expansion_index(self.inverse, len(self.user_sparse.keys()),
+                                                             len(self.item_sparse.keys()))
 
     @property
     def num_samples(self) -> int:
@@ -117,10 +139,11 @@ class DedupBatch(Pipelineable):
             labels=self.labels.to(device=device, non_blocking=non_blocking),
             packed_bytes=self.packed_bytes,
             sparse_features=self.sparse_features.to(device=device, non_blocking=non_blocking),
+            expansion_index=self.expansion_index.to(device=device, non_blocking=non_blocking),
         )
 
     def record_stream(self, stream: torch.Stream) -> None:
-        for t in (self.user_dense, self.inverse, self.item_dense, self.labels):
+        for t in (self.user_dense, self.inverse, self.item_dense, self.labels, self.expansion_index):
             t.record_stream(stream)
         self.user_sparse.record_stream(stream)
         self.item_sparse.record_stream(stream)
@@ -136,11 +159,28 @@ class DedupBatch(Pipelineable):
             labels=self.labels.pin_memory(),
             packed_bytes=self.packed_bytes,
             sparse_features=self.sparse_features.pin_memory(),
+            expansion_index=self.expansion_index.pin_memory(),
         )
 
     def expand(self) -> Batch:
         """The plain ``Batch`` of the same samples: every user row copied to each of its samples."""
-        inv = self.inverse
+        return self._expanded(self.inverse)
+
+    def expand_user_bags_once(self) -> Batch:
+        """As :meth:`expand`, but each user row's sparse bags go to its first sample only (the others' are empty).
+
+        The plain model then pools each user row's ids once and updates the same embedding rows, as the
+        dedup model does: benchmarks measure with it what deduplicating the lookups can save at most
+        (the optimizer's work per distinct row stays; only the repeated ids go).
+        """
+        inv = self.inverse.to(torch.int64)
+        first = torch.full((self.num_users,), inv.numel(), dtype=torch.int64, device=inv.device)
+        first.scatter_reduce_(0, inv, torch.arange(inv.numel(), device=inv.device), reduce="amin")
+        order = torch.argsort(first)  # user rows in the order of their first samples
+        return self._expanded(inv, bags=(order, first[order]))
+
+    def _expanded(self, inv: torch.Tensor, bags: tuple[torch.Tensor, torch.Tensor] | None = None) -> Batch:
+        """Plain batch; ``bags``: (user rows, the samples they go to) instead of every row to every sample."""
         dense = torch.cat([self.user_dense[inv], self.item_dense], dim=1)
         lengths, values = [], []
         user, item = self.user_sparse, self.item_sparse
@@ -150,7 +190,13 @@ class DedupBatch(Pipelineable):
         for k in range(len(user.keys())):
             lk = user_lengths[k * stride_u : (k + 1) * stride_u]
             vk = user_values[offsets[k] : offsets[k + 1]]
-            gl, gv = _gather_jagged(lk, vk, inv)
+            if bags is None:
+                gl, gv = _gather_jagged(lk, vk, inv)
+            else:
+                rows, samples = bags
+                sl, gv = _gather_jagged(lk, vk, rows)
+                gl = torch.zeros(inv.numel(), dtype=lk.dtype, device=lk.device)
+                gl[samples] = sl
             lengths.append(gl)
             values.append(gv)
         lengths.append(item.lengths())
@@ -178,12 +224,10 @@ def unpack_dedup_batch(
     def col(name: str) -> torch.Tensor:
         return torch.from_numpy(_row_values(table, name, row).copy())
 
-    user_kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=list(user_sparse_features), values=col("user_values"), lengths=col("user_lengths")
-    )
-    item_kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=list(item_sparse_features), values=col("values"), lengths=col("lengths")
-    )
+    # Not synced (per-key lengths computed when asked): the model reads only the padded KJT built from
+    # them (``sparse_features``, synced here, off the training thread); syncing these too cost ~25% of the unpack.
+    user_kjt = KeyedJaggedTensor(keys=list(user_sparse_features), values=col("user_values"), lengths=col("user_lengths"))
+    item_kjt = KeyedJaggedTensor(keys=list(item_sparse_features), values=col("values"), lengths=col("lengths"))
     return DedupBatch(
         user_dense=col("user_dense").view(u, num_user_dense),
         user_sparse=user_kjt,

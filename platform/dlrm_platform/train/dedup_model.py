@@ -30,15 +30,17 @@ the split saves ``(B - U) * (Du * H1 + P_uu * H_top)`` multiply-adds of the
 forward (about 3x that with the backward) but costs ~20 small extra
 operators and runs the first layers on sliced (copied, and under bf16
 autocast re-cast) weights, so by default it runs only where it saves at least
-:data:`MLP_SPLIT_MIN_SHARE` of the batch's MLP multiply-adds. In the plain
+:data:`MLP_SPLIT_MIN_MACS` forward multiply-adds per batch (what those operators
+cost) and :data:`MLP_SPLIT_MIN_SHARE` of the batch's MLP multiply-adds. In the plain
 DLRM the bottom MLP takes *all* dense columns (user and item), so after its
 first layer every unit mixes both sides: only the first layer's user columns
 and the user-user pairs' slice of the top MLP's first layer are functions of
 the user alone. On the demo model (Du = 3, H1 = 64, 6 user-user pairs,
-H_top = 64) that is ~13% of the MLP work at 8 samples per session (split
-taken; measured as fast as the expand path or up to ~3% faster); with the
-Criteo MLPs (512-256-64-16 / 512-256-1) it is ~1.5% (expand taken: the split
-measured ~10% slower there in bf16). The bulk of the user-side work is the
+H_top = 64) that is ~12% of the MLP work at 8 samples per session but only
+0.5M multiply-adds per batch of 1024 (expand taken: the split measured 4-5%
+slower, fp32, one core; break-even near 4M, 5% faster at 8M); with the Criteo
+MLPs (512-256-64-16 / 512-256-1) it is ~1.3% (expand taken: the split measured
+~10% slower there in bf16, 2% faster in fp32 at batch 2048). The bulk of the user-side work is the
 embedding side (the ~60-id history per sample); ``benchmarks/dedup.py`` and
 ``benchmarks/train_speed.py`` measure the user-side share of the plain step
 and the speed-up it bounds.
@@ -74,10 +76,17 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from dlrm_platform.config import DatasetSchema, JobConfig
 from dlrm_platform.ingest.dedup_batching import is_dedup_packed
 from dlrm_platform.train import model as plain_model
-from dlrm_platform.train.batches import DedupBatch, dummy_dedup_batch, unpack_batch, unpack_dedup_batch
+from dlrm_platform.train.batches import (
+    DedupBatch,
+    dummy_dedup_batch,
+    embedding_expansion_index,
+    unpack_batch,
+    unpack_dedup_batch,
+)
 from dlrm_platform.train.perf import mlp_macs
 
 __all__ = [
+    "MLP_SPLIT_MIN_MACS",
     "MLP_SPLIT_MIN_SHARE",
     "DedupDLRM",
     "DedupDLRMTrain",
@@ -91,8 +100,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Share of a batch's MLP forward multiply-adds the MLP split must save to be taken (see the module docstring).
+# What the MLP split must save to be taken (see the module docstring): a share of the batch's MLP forward
+# multiply-adds, and at least as many as its ~20 extra small operators cost (break-even measured on one CPU
+# core, fp32: 4M forward multiply-adds saved per batch; the demo's 0.5-1M made the step 4-5% slower).
 MLP_SPLIT_MIN_SHARE = 0.05
+MLP_SPLIT_MIN_MACS = 4_000_000
 
 
 class DedupDLRM(nn.Module):
@@ -105,7 +117,8 @@ class DedupDLRM(nn.Module):
         dense_arch_layer_sizes / over_arch_layer_sizes: as ``torchrec.models.dlrm.DLRM``'s.
         mlp_split_min_macs: take the split MLP path on batches where it saves at least this many
             forward multiply-adds (0: always, ``float('inf')``: never); ``None`` (default): where it saves
-            at least :data:`MLP_SPLIT_MIN_SHARE` of the batch's MLP forward multiply-adds.
+            at least :data:`MLP_SPLIT_MIN_MACS` and :data:`MLP_SPLIT_MIN_SHARE` of the batch's MLP
+            forward multiply-adds.
     """
 
     def __init__(
@@ -171,7 +184,8 @@ class DedupDLRM(nn.Module):
         """Whether a batch of this shape runs the split MLP path (see the module docstring)."""
         saves = self.split_saves_macs(num_samples, num_users)
         if self.mlp_split_min_macs is None:
-            return saves > 0 and saves >= MLP_SPLIT_MIN_SHARE * num_samples * self.mlp_macs_per_sample
+            return (saves > 0 and saves >= MLP_SPLIT_MIN_MACS
+                    and saves >= MLP_SPLIT_MIN_SHARE * num_samples * self.mlp_macs_per_sample)
         return saves >= self.mlp_split_min_macs
 
     def _embeddings(self, sparse: KeyedJaggedTensor, num_samples: int) -> torch.Tensor:
@@ -220,18 +234,23 @@ class DedupDLRM(nn.Module):
         inverse: torch.Tensor,
         item_dense: torch.Tensor,
         sparse: KeyedJaggedTensor,
+        expansion_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits [B, 1]. ``sparse``: every feature at stride B, user features in their first U bags."""
+        """Logits [B, 1]. ``sparse``: every feature at stride B, user features in their first U bags;
+        ``expansion_index`` [B * F]: :func:`~dlrm_platform.train.batches.embedding_expansion_index`
+        (computed here when not given)."""
         num_users, num_samples = user_dense.shape[0], inverse.shape[0]
         e = self._embeddings(sparse, num_samples)  # [B, F, E]
-        e_u = e[:num_users, : self.Fu]  # [U, Fu, E]: the user rows' pooled embeddings
-        e_u_exp = e_u.index_select(0, inverse)
-        e_i = e[:, self.Fu :]
         if self.takes_split(num_samples, num_users):
+            e_u = e[:num_users, : self.Fu]  # [U, Fu, E]: the user rows' pooled embeddings
             d = self._bottom_split(user_dense, item_dense, inverse)
-            return self._top_split(d, e_u, e_u_exp, e_i, inverse)
+            return self._top_split(d, e_u, e_u.index_select(0, inverse), e[:, self.Fu :], inverse)
+        if expansion_index is None:
+            expansion_index = embedding_expansion_index(inverse, self.Fu, self.Fi)
+        # [B, F, E]: the user rows' embeddings expanded to their samples, next to each sample's item embeddings
+        v = e.reshape(num_samples * self.F, self.E).index_select(0, expansion_index).view(num_samples, self.F, self.E)
         d = self.dense_arch(torch.cat([user_dense.index_select(0, inverse), item_dense], dim=1))
-        return self.over_arch(self.inter_arch(d, torch.cat([e_u_exp, e_i], dim=1)))
+        return self.over_arch(self.inter_arch(d, v))
 
 
 class DedupDLRMTrain(nn.Module):
@@ -243,7 +262,8 @@ class DedupDLRMTrain(nn.Module):
         self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
 
     def forward(self, batch: DedupBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(batch.user_dense, batch.inverse, batch.item_dense, batch.sparse_features).squeeze(-1)
+        logits = self.model(batch.user_dense, batch.inverse, batch.item_dense, batch.sparse_features,
+                            batch.expansion_index).squeeze(-1)
         loss_sum = self.loss_fn(logits, batch.labels.float())
         return loss_sum, logits.detach()
 
