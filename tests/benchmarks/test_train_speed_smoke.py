@@ -121,7 +121,8 @@ def test_train_speed_smoke(tmp_path):
                 "ratio_ours_dedup_vs_torchrec"):
         assert isinstance(figures[key], float) and math.isfinite(figures[key]) and figures[key] > 0, key
     for key in ("reference_sparse", "torchrec_sessions", "ours_sessions", "dense_fp32", "dense_bf16", "cpu_ours",
-                "cpu_torchrec", "ours_dedup_demo_mlps", "cpu_ratio_ours_dedup_vs_torchrec"):
+                "cpu_torchrec", "ours_dedup_demo_mlps", "cpu_ratio_ours_dedup_vs_torchrec", "ours_user_once",
+                "dedup_lookup_bound", "dedup_lookup_bound_amdahl", "ours_dedup_vs_bound"):
         assert figures[key] > 0, key
     for name in ("reference", "torchrec", "ours", "ours_sessions", "ours_dedup"):  # every round was timed
         assert len(figures["rounds_samples_per_s"][name]) == 2, name
