@@ -17,6 +17,7 @@ from dlrm_platform.train.loop import Worker
 from dlrm_platform.train.model import build_dense_optimizer, build_sharded_model
 from dlrm_platform.train.perf import (
     BF16_MIN_DENSE_MACS,
+    GPU_BF16_MIN_STEP_MACS,
     Precision,
     configure_threads,
     cpu_flags,
@@ -101,7 +102,7 @@ def test_cpu_precision(job, flags, expected, reason) -> None:
 @pytest.mark.parametrize(
     ("precision", "cuda_bf16", "expected", "tf32"),
     [
-        ("auto", True, "bf16", True),  # Ampere or newer
+        ("auto", True, "fp32", True),  # Ampere or newer, small MLPs: TF32, no autocast
         ("auto", False, "fp32", False),  # older GPUs
         ("fp32", True, "fp32", False),
         ("bf16", True, "bf16", True),
@@ -109,10 +110,21 @@ def test_cpu_precision(job, flags, expected, reason) -> None:
     ],
 )
 def test_gpu_precision_ignores_the_cpu(precision, cuda_bf16, expected, tf32) -> None:
-    # On GPU even the demo's small MLPs go bf16: the size rule is a CPU measurement.
-    p = resolve_precision(demo(precision), CUDA, flags=NO_BF16, cuda_bf16=cuda_bf16)
+    p = resolve_precision(demo(precision), CUDA, flags=AVX512_BF16, cuda_bf16=cuda_bf16)
     assert (p.name, p.tf32) == (expected, tf32)
     assert ("+ TF32 matmuls" in p.describe()) == tf32
+
+
+@pytest.mark.parametrize(("batch_size", "expected"), [(2048, "fp32"), (16384, "fp32"), (65536, "bf16")])
+def test_gpu_auto_picks_bf16_only_for_enough_mlp_work_per_step(batch_size, expected) -> None:
+    # Measured on an H100 with the Criteo model: bf16 0.83x of fp32 at batch 2048, equal at 16384.
+    job = criteo()
+    job = job.model_copy(update={"ingest": job.ingest.model_copy(update={"batch_size": batch_size})})
+    p = resolve_precision(job, CUDA, flags=NO_BF16, cuda_bf16=True)
+    step = dense_macs_per_sample(job) * batch_size
+    assert p.name == expected and p.tf32
+    assert (step >= GPU_BF16_MIN_STEP_MACS) == (expected == "bf16")
+    assert "multiply-adds per step" in p.reason
 
 
 def test_autocast_contexts() -> None:

@@ -13,8 +13,18 @@ Precision (``train.precision``)::
                 or AMX, read from /proc/cpuinfo) *and* the MLPs are big
                 enough to gain (>= BF16_MIN_DENSE_MACS multiply-adds per
                 sample), else fp32
-           GPU: bf16 when the GPU supports it (Ampere and newer), with TF32
-                for the matmuls left in fp32; else fp32
+           GPU: on Ampere and newer, TF32 for the fp32 matmuls, and bf16 only
+                when the MLPs do enough work per step to gain from it
+                (>= GPU_BF16_MIN_STEP_MACS forward multiply-adds: per-sample
+                MACs x batch size); before Ampere fp32
+
+Why the size rule on GPU (measured on an H100, torch 2.11, stock TorchRec
+vs this trainer, Criteo Kaggle model, ~475k MACs/sample): bf16 autocast ran
+the step at 0.83x of fp32 at batch 2048 (1G MACs per step) and only equal at
+16384 (7.8G): at these sizes the casts and extra kernels cost what the
+tensor cores save. The threshold sits at twice the largest size measured,
+where bf16 only tied; larger MLPs or batches (where tensor-core throughput
+dominates) get bf16.
 
 Why the size rule on CPU (measured on this repo's 2-core AVX512-BF16 machine,
 no AMX, 1 thread, steps interleaved with fp32, medians): autocast casts the
@@ -59,6 +69,7 @@ from dlrm_platform.config import JobConfig
 
 __all__ = [
     "BF16_MIN_DENSE_MACS",
+    "GPU_BF16_MIN_STEP_MACS",
     "FP32_ISLAND_MAX_OUT",
     "Precision",
     "ThreadPlan",
@@ -79,6 +90,9 @@ log = logging.getLogger(__name__)
 
 # Multiply-adds per sample of the MLPs (forward) from which bf16 autocast pays on a CPU (see the docstring).
 BF16_MIN_DENSE_MACS = 40_000
+
+# Forward multiply-adds of the MLPs per step (per sample x batch size) from which bf16 autocast is chosen on a GPU.
+GPU_BF16_MIN_STEP_MACS = 16_000_000_000
 
 # Linear layers with fewer outputs than this stay fp32 inside the bf16 forward (see the docstring).
 FP32_ISLAND_MAX_OUT = 32
@@ -171,9 +185,16 @@ def resolve_precision(
         if requested == "bf16":
             why = "requested" if cuda_bf16 else "requested, although this GPU has no native bf16 (emulated, slow)"
             return Precision("bf16", requested, why, tf32=cuda_bf16)
-        if cuda_bf16:
-            return Precision("bf16", requested, "the GPU supports bf16 (Ampere or newer)", tf32=True)
-        return Precision("fp32", requested, "the GPU has no native bf16 (before Ampere; no TF32 either)")
+        if not cuda_bf16:
+            return Precision("fp32", requested, "the GPU has no native bf16 (before Ampere; no TF32 either)")
+        step = dense_macs_per_sample(job) * job.ingest.batch_size
+        if step >= GPU_BF16_MIN_STEP_MACS:
+            return Precision("bf16", requested, (
+                f"the GPU supports bf16 and the MLPs do {step / 1e9:.1f}G multiply-adds per step "
+                f"(>= {GPU_BF16_MIN_STEP_MACS / 1e9:.0f}G)"), tf32=True)
+        return Precision("fp32", requested, (
+            f"the MLPs do {step / 1e9:.2f}G multiply-adds per step (< {GPU_BF16_MIN_STEP_MACS / 1e9:.0f}G): "
+            f"measured slower in bf16 than in fp32 on an H100 below that"), tf32=True)
 
     native = cpu_has_native_bf16(flags)
     macs = dense_macs_per_sample(job)
