@@ -211,9 +211,9 @@ class DedupDLRM(nn.Module):
             h = layer(h)
         return h
 
-    def _top_split(self, d: torch.Tensor, e_u: torch.Tensor, e_u_exp: torch.Tensor, e_i: torch.Tensor,
-                   inverse: torch.Tensor) -> torch.Tensor:
-        v = torch.cat([d.unsqueeze(1), e_u_exp, e_i], dim=1)  # [B, F + 1, E]
+    def _top_split(self, d: torch.Tensor, e_u: torch.Tensor, e: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        """``e_u`` [U, Fu, E] the user rows' embeddings, ``e`` [B, F, E] every sample's (user rows expanded)."""
+        v = torch.cat([d.unsqueeze(1), e], dim=1)  # [B, F + 1, E]
         inter = torch.bmm(v, v.transpose(1, 2))
         top_in = torch.cat([d, inter[:, self.pair_rest_i, self.pair_rest_j]], dim=1)
         mlp = self.over_arch.model[0]._mlp
@@ -240,17 +240,17 @@ class DedupDLRM(nn.Module):
         ``expansion_index`` [B * F]: :func:`~dlrm_platform.train.batches.embedding_expansion_index`
         (computed here when not given)."""
         num_users, num_samples = user_dense.shape[0], inverse.shape[0]
-        e = self._embeddings(sparse, num_samples)  # [B, F, E]
-        if self.takes_split(num_samples, num_users):
-            e_u = e[:num_users, : self.Fu]  # [U, Fu, E]: the user rows' pooled embeddings
-            d = self._bottom_split(user_dense, item_dense, inverse)
-            return self._top_split(d, e_u, e_u.index_select(0, inverse), e[:, self.Fu :], inverse)
+        pooled = self._embeddings(sparse, num_samples)  # [B, F, E]: user features in the first U rows
         if expansion_index is None:
             expansion_index = embedding_expansion_index(inverse, self.Fu, self.Fi)
         # [B, F, E]: the user rows' embeddings expanded to their samples, next to each sample's item embeddings
-        v = e.reshape(num_samples * self.F, self.E).index_select(0, expansion_index).view(num_samples, self.F, self.E)
+        e = pooled.reshape(num_samples * self.F, self.E).index_select(0, expansion_index).view(
+            num_samples, self.F, self.E)
+        if self.takes_split(num_samples, num_users):
+            d = self._bottom_split(user_dense, item_dense, inverse)
+            return self._top_split(d, pooled[:num_users, : self.Fu], e, inverse)
         d = self.dense_arch(torch.cat([user_dense.index_select(0, inverse), item_dense], dim=1))
-        return self.over_arch(self.inter_arch(d, v))
+        return self.over_arch(self.inter_arch(d, e))
 
 
 class DedupDLRMTrain(nn.Module):

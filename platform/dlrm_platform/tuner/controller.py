@@ -111,7 +111,7 @@ class Controller:
         explanation = None
         if self.spec.controls:
             proposal = self.policy.decide(obs, dict(alloc), specs, budget)
-            for note in getattr(self.policy, "pop_notes", lambda: [])():
+            for note in self.policy.pop_notes():
                 self._record({"type": "note", **note})
             if proposal is not None:
                 caps = {o.name: o.capacity for o in obs.ops}

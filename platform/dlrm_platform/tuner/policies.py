@@ -46,9 +46,15 @@ class Policy:
     def __init__(self, spec: TunerSpec):
         self.spec = spec
         self.opts = spec.options
+        self.notes: list[dict] = []  # what the policy chose or held back, recorded by the controller as notes
 
     def on_epoch_start(self, epoch: int) -> None:
         pass
+
+    def pop_notes(self) -> list[dict]:
+        """The notes recorded since the last call."""
+        out, self.notes = self.notes, []
+        return out
 
     def decide(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float) -> Allocation | None:
         return None
@@ -161,7 +167,6 @@ class PlumberPolicy(Policy):
         self.last_required_gain = self.min_gain
         # allocation -> (smoothed measured samples/s, time of its last measurement)
         self.measured: dict[tuple[tuple[str, int], ...], tuple[float, float]] = {}
-        self.notes: list[dict] = []  # plans held back, recorded by the controller
         self._last_hold: tuple[Allocation, str] | None = None
 
     @staticmethod
@@ -201,10 +206,6 @@ class PlumberPolicy(Policy):
             self._last_hold = (dict(new), reason)
             self.notes.append({"held": dict(new), "predicted_gain": gain, "required_gain": required,
                                "reason": reason})
-
-    def pop_notes(self) -> list[dict]:
-        out, self.notes = self.notes, []
-        return out
 
     def decide(self, obs, alloc, specs, budget):
         self.mem.update(obs, min_since_change=self.settle_s)
@@ -577,7 +578,6 @@ class AutoPolicy(Policy):
         self.inner: Policy | None = None
         self.choice: str | None = None
         self.reason = ""
-        self.notes: list[dict] = []
 
     def on_epoch_start(self, epoch: int) -> None:
         self.choice = None  # re-decided on the execution's first observation
@@ -611,8 +611,7 @@ class AutoPolicy(Policy):
         return super().explain(obs, alloc, new, specs, budget)
 
     def pop_notes(self) -> list[dict]:
-        out, self.notes = self.notes, []
-        return out + (self.inner.pop_notes() if isinstance(self.inner, PlumberPolicy) else [])
+        return super().pop_notes() + (self.inner.pop_notes() if self.inner is not None else [])
 
     def describe(self) -> str:
         if self.choice is None:
