@@ -183,6 +183,42 @@ def test_step_limit_reads_no_more_batches_than_the_steps_take(tmp_path):
     assert sorted(epochs[1]["train"]) == sorted(epochs[0]["train"])  # the same 3 batches, replayed
 
 
+def test_without_a_cache_the_next_epoch_streams_while_the_trainer_is_in_this_one(tmp_path):
+    """No cache to replay: the next pass runs the pipeline once the trainer is in the pass before it,
+    without waiting for the end-of-pass decision; never two passes of a dataset ahead of the trainer."""
+    shard, evals = FakeShard(_batches(5)), FakeShard(_batches(2, start=1000))
+    with ShardFeeder(_job(tmp_path, mode="off"), {"train": (shard, []), "eval": (evals, [])}, _order(3, True),
+                     tmp_path) as feeder:
+        later = feeder._passes[("train", 1)]
+        assert not later.finished.wait(0.3)  # the trainer has not started epoch 0
+        it = feeder.tables("train", 0)
+        first = next(it)
+        assert later.finished.wait(10)  # epoch 1 read while the trainer is in epoch 0, undecided
+        assert feeder.replays("train") is None
+        assert not feeder._passes[("train", 2)].finished.wait(0.3)  # epoch 2 waits for the trainer
+        assert shard.epochs == 2
+        seen = {("train", 0): _ids([first, *it])}
+        feeder.decide("train", lambda v: v)
+        for name, epoch in _order(3, True)[1:]:
+            seen[(name, epoch)] = _ids(feeder.tables(name, epoch))
+            feeder.decide(name, lambda v: v)
+    assert {k: sorted(v) for k, v in seen.items()} == {
+        (n, e): list(range(20)) if n == "train" else list(range(1000, 1008)) for n, e in _order(3, True)}
+    assert shard.epochs == 3 and evals.epochs == 3
+
+
+def test_a_cache_that_may_replay_waits_for_the_decision(tmp_path):
+    shard = FakeShard(_batches(5))
+    with ShardFeeder(_job(tmp_path), {"train": (shard, [])}, _order(2), tmp_path) as feeder:
+        epoch0 = _ids(feeder.tables("train", 0))
+        assert not feeder._passes[("train", 1)].finished.wait(0.3)  # replay or stream: not known yet
+        assert shard.epochs == 1
+        feeder.decide("train", lambda v: v)
+        assert sorted(_ids(feeder.tables("train", 1))) == sorted(epoch0) == list(range(20))
+        assert feeder.stats("train", 1).source == "cache"
+    assert shard.epochs == 1
+
+
 def test_a_pipeline_error_reaches_the_training_thread(tmp_path):
     with ShardFeeder(_job(tmp_path), {"train": (FakeShard(_batches(5), fail_at=2), [])}, _order(2),
                      tmp_path) as feeder:

@@ -10,7 +10,10 @@ from the moment the worker starts (the job's feed service,
 since before the workers existed; the feeder takes this worker's share while
 the model is being built and sharded), and moves on to the next pass
 as soon as the current pass's source is exhausted (so the eval pipeline, and
-without a cache the next epoch's, start before the trainer gets there).
+without a cache the next epoch's, start before the trainer gets there). A
+later pass of a dataset whose cache cannot replay (off, or outgrown) streams
+once the trainer is in the pass before it: at most one pass of a dataset
+ahead of the trainer, and no wait for the end-of-pass replay decision.
 
 The :class:`EpochCache` of a dataset keeps the packed batches of its first
 pass (in memory up to a bound, then spilled to local disk as Arrow IPC);
@@ -454,19 +457,33 @@ class ShardFeeder:
                     if self._stop.is_set():
                         return
             try:
-                if name in seen:
-                    while not self._decided[name].wait(0.1):
-                        if self._stop.is_set():
-                            return
+                first_pass = name not in seen
+                if not first_pass:
+                    if not self._wait_to_follow(name, epoch, ds):
+                        return
                     if ds.replay:
                         self._feed_replay(p, ds, epoch)
                         continue
                 seen.add(name)
-                self._feed_pipeline(p, ds, first_pass=ds.replay is None)
+                self._feed_pipeline(p, ds, first_pass=first_pass)
             except BaseException as err:  # noqa: BLE001 - handed to the training thread
                 for later in list(self._passes.values())[list(self._passes).index((name, epoch)):]:
                     later.finish(err)
                 return
+
+    def _wait_to_follow(self, name: str, epoch: int, ds: _Dataset) -> bool:
+        """Before a later pass of ``name``: wait for the collective replay decision, unless this worker's
+        own vote already makes it (its cache is incomplete: off, abandoned, outgrown; the decision is the
+        minimum over the workers, so every worker streams). Then the pass may run the pipeline at once,
+        one pass of the dataset ahead of the trainer at most: it waits until the trainer has asked for the
+        pass before it, so passes not held by the cache never pile up ahead. False: the feeder is closing.
+        """
+        before = max(e for n, e in self.order if n == name and e < epoch)
+        previous = self._passes[(name, before)]
+        while not (self._decided[name].is_set() or (not ds.cache.complete and previous.requested.is_set())):
+            if self._stop.wait(0.1):
+                return False
+        return True
 
     def _feed_pipeline(self, p: _Pass, ds: _Dataset, first_pass: bool) -> None:
         p.stats.source, p.stats.started_s = "pipeline", self.clock()
