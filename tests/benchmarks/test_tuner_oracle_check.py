@@ -56,3 +56,23 @@ def test_ray_default_is_checked_at_the_tasks_ray_ran(bench):
     assert bench.final_allocation({"policy": "ray_default", "observed_tasks_running": {"a": 2.6, "b": 0.2},
                                    "final_allocation": {"a": 1, "b": 1}}) == {"a": 3, "b": 1}
     assert bench.final_allocation({"policy": "rl", "final_allocation": {"a": 2}}) == {"a": 2}
+
+
+def test_suite_summary_ratios_geometric_means_and_targets(bench):
+    reports = {
+        "a": {"simulated": {"throughput": {"rl": 100.0, "oracle": 100.0, "plumber": 80.0}},
+              "local": {"throughput": {"rl": 90.0, "oracle": 100.0, "plumber": 90.0, "ray_default": 60.0}}},
+        "b": {"simulated": {"throughput": {"rl": 100.0, "oracle": 125.0, "plumber": 125.0}},
+              "local": {"throughput": {"rl": 100.0, "oracle": 100.0, "plumber": 80.0, "ray_default": 80.0}}},
+    }
+    s = bench.suite_summary(reports)
+    sim, live = s["simulated"], s["local"]
+    assert sim["per_pipeline"]["b"]["rl_vs_oracle"] == pytest.approx(0.8)
+    assert sim["geomean"]["rl_vs_plumber"] == pytest.approx(math.sqrt(1.25 * 0.8))  # = 1.0
+    assert sim["targets"]["rl_vs_oracle_min"] == {"target": 0.95, "measured": pytest.approx(0.8), "met": False}
+    assert sim["targets"]["rl_vs_ray_default_geomean"]["measured"] is None  # Ray's allocator is not simulated
+    assert not sim["targets"]["rl_vs_ray_default_geomean"]["met"]
+    assert live["geomean"]["rl_vs_ray_default"] == pytest.approx(math.sqrt(1.5 * 1.25))
+    assert live["targets"]["rl_vs_ray_default_geomean"]["met"]  # 1.37 >= 1.3
+    assert live["targets"]["rl_vs_oracle_min"]["measured"] == pytest.approx(0.9)
+    assert "multinode" not in s

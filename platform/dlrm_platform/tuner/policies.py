@@ -364,6 +364,16 @@ def enumerate_allocations(specs: Sequence[OpSpec], budget: float, limit: int = 2
     return out if ok and len(out) <= limit else None
 
 
+def neighbourhood(specs: Sequence[OpSpec], center: Allocation, budget: float, radius: int = 2) -> list[Allocation]:
+    """Every allocation within ``radius`` slots of ``center`` per operator that fits ``budget``: the
+    search space where there are too many allocations to enumerate."""
+    names = [s.name for s in specs]
+    ranges = [range(max(s.min_slots, center[s.name] - radius), min(s.upper(budget), center[s.name] + radius) + 1)
+              for s in specs]
+    return [a for a in (dict(zip(names, v)) for v in itertools.product(*ranges))
+            if used_cpus(a, specs) <= budget + 1e-9]
+
+
 class OraclePolicy(Policy):
     """Exhaustive search, measured live: the candidates one after another, then the best
     ``oracle_finalists`` (and every ``oracle_extra_candidates`` allocation: the benchmark's other
@@ -438,11 +448,7 @@ class OraclePolicy(Policy):
             per_slot, model = per_slot_samples(obs, self.mem.rates), "busy-time"
             per_slot.update(self.mem.rates)
         if every is None:  # neighbourhood of the LP optimum
-            center = solve_lp(specs, per_slot, budget).allocation
-            ranges = [range(max(s.min_slots, center[s.name] - 2), min(s.upper(budget), center[s.name] + 2) + 1)
-                      for s in specs]
-            every = [dict(zip([s.name for s in specs], v)) for v in itertools.product(*ranges)
-                     if used_cpus(dict(zip([s.name for s in specs], v)), specs) <= budget + 1e-9]
+            every = neighbourhood(specs, solve_lp(specs, per_slot, budget).allocation, budget)
             total = "the LP optimum's +-2 neighbourhood"
         else:
             total = f"{len(every)} allocations"
