@@ -7,7 +7,7 @@ import pytest
 
 from dlrm_platform.tuner.controller import Controller
 from dlrm_platform.tuner.observe import Observation, RawOp, RawSnapshot
-from dlrm_platform.tuner.policies import enumerate_allocations
+from dlrm_platform.tuner.policies import enumerate_allocations, neighbourhood
 from dlrm_platform.tuner.simulator import SimOp, SimPipeline, run_controller_in_sim
 from dlrm_platform.tuner.spec import OpSpec, TunerSpec
 
@@ -70,6 +70,18 @@ def test_enumeration_is_maximal_and_within_budget():
         used = a["a"] + 2 * a["b"] + 0.5 * a["c"]
         assert used <= 6.0 and used > 6.0 - 0.5
     assert enumerate_allocations([OpSpec(f"o{i}", 1.0) for i in range(8)], 60.0, limit=1000) is None
+
+
+def test_neighbourhood_is_every_allocation_near_the_center_within_budget():
+    specs = [OpSpec(f"o{i}", 2.0 if i == 0 else 1.0) for i in range(8)]  # too many to enumerate on 32 CPUs
+    center = {s.name: 3 for s in specs}
+    near = neighbourhood(specs, center, 32.0)
+    assert center in near and len({tuple(sorted(a.items())) for a in near}) == len(near)
+    for a in near:
+        assert all(abs(a[n] - 3) <= 2 and a[n] >= 1 for n in a)
+        assert 2 * a["o0"] + sum(a[f"o{i}"] for i in range(1, 8)) <= 32
+    assert {"o0": 5, **{f"o{i}": 3 for i in range(1, 8)}} in near  # 31 CPUs
+    assert {"o0": 5, **{f"o{i}": 4 for i in range(1, 8)}} not in near  # 38 CPUs: over the budget
 
 
 def test_ray_default_never_acts():
