@@ -72,6 +72,7 @@ KNOBS: dict[str, dict[str, list[str]]] = {
     "epoch cache": {"off": ["ingest.cache.mode=off"]},
     "read ahead": {"off": ["ingest.read_ahead=false"]},
 }
+FUSED_ONLY = ("fused tasks", "block rows")  # knobs of the fused operator: moot once fusion is off
 STATIC = ["tuner.policy=static"]
 AUTO_LABEL = "auto (defaults)"
 DEFAULT_LABEL = "default"
@@ -142,6 +143,9 @@ def search(s: JobSearch, reps: int, final_reps: int, auto_reps: int) -> dict[str
         best = min([f"{knob}: {v}" for v in values], key=lambda lb: s.result(lb)["data_wait"]["mean"])
         if s.result(best)["data_wait"]["mean"] < default["data_wait"]["mean"]:
             best_per_knob[knob] = best
+    if "fusion" in best_per_knob:
+        for knob in FUSED_ONLY:
+            best_per_knob.pop(knob, None)
     if len(best_per_knob) >= 2:
         combined = STATIC + [o for lb in best_per_knob.values() for o in s.overrides[lb] if o not in STATIC]
         s.measure("combined: " + " + ".join(best_per_knob.values()), combined, reps)

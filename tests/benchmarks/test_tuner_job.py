@@ -72,3 +72,12 @@ def test_auto_at_the_oracle_passes(bench, monkeypatch, tmp_path: Path):
     assert rep["best_per_knob"] == {}  # nothing beat the default: no combination
     assert not any(lb.startswith("combined") for lb in rep["configurations"])
     assert rep["check"]["ok"], rep["check"]["message"]
+
+
+def test_the_combination_leaves_out_fused_knobs_when_fusion_is_off(bench, monkeypatch, tmp_path: Path):
+    fake_jobs(bench, monkeypatch, {"ingest.fusion=off": -0.004, "ingest.block_rows=2048": -0.002,
+                                   "ingest.prefetch_batches=1": -0.001}, auto_wait=0.01, jitter=0.0)
+    rep = bench.search(bench.JobSearch(BASE, 1024, tmp_path), reps=1, final_reps=1, auto_reps=1)
+    assert rep["best_per_knob"] == {"fusion": "fusion: off (split, config concurrency)", "prefetch": "prefetch: 1"}
+    combined = next(lb for lb in rep["configurations"] if lb.startswith("combined"))
+    assert "ingest.block_rows=2048" not in rep["configurations"][combined]["overrides"]
