@@ -207,6 +207,21 @@ def test_without_a_cache_the_next_epoch_streams_while_the_trainer_is_in_this_one
     assert shard.epochs == 3 and evals.epochs == 3
 
 
+def test_streaming_passes_stay_one_ahead_of_the_trainer_after_the_decision(tmp_path):
+    shard = FakeShard(_batches(3))
+    with ShardFeeder(_job(tmp_path, mode="off"), {"train": (shard, [])}, _order(4), tmp_path) as feeder:
+        assert len(_ids(feeder.tables("train", 0))) == 12
+        assert feeder._passes[("train", 1)].finished.wait(10)
+        assert not feeder.decide("train", lambda v: v)
+        assert not feeder._passes[("train", 2)].finished.wait(0.3)  # the trainer has not asked for epoch 1
+        assert shard.epochs == 2
+        assert len(_ids(feeder.tables("train", 1))) == 12
+        assert feeder._passes[("train", 2)].finished.wait(10)
+        assert not feeder._passes[("train", 3)].finished.wait(0.3)
+        assert [len(_ids(feeder.tables("train", e))) for e in (2, 3)] == [12, 12]
+    assert shard.epochs == 4
+
+
 def test_a_cache_that_may_replay_waits_for_the_decision(tmp_path):
     shard = FakeShard(_batches(5))
     with ShardFeeder(_job(tmp_path), {"train": (shard, [])}, _order(2), tmp_path) as feeder:

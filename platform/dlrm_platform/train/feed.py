@@ -472,15 +472,22 @@ class ShardFeeder:
                 return
 
     def _wait_to_follow(self, name: str, epoch: int, ds: _Dataset) -> bool:
-        """Before a later pass of ``name``: wait for the collective replay decision, unless this worker's
-        own vote already makes it (its cache is incomplete: off, abandoned, outgrown; the decision is the
-        minimum over the workers, so every worker streams). Then the pass may run the pipeline at once,
-        one pass of the dataset ahead of the trainer at most: it waits until the trainer has asked for the
-        pass before it, so passes not held by the cache never pile up ahead. False: the feeder is closing.
+        """Before a later pass of ``name``: a replay starts once the collective decision says so. A stream
+        starts once the trainer has asked for the pass before it (at most one pass of the dataset ahead of
+        the trainer: passes not held by the cache never pile up), without waiting for the decision where
+        this worker's own vote already makes it (its cache is incomplete: off, abandoned, outgrown; the
+        decision is the minimum over the workers, so every worker streams). False: the feeder is closing.
         """
         before = max(e for n, e in self.order if n == name and e < epoch)
         previous = self._passes[(name, before)]
-        while not (self._decided[name].is_set() or (not ds.cache.complete and previous.requested.is_set())):
+
+        def ready() -> bool:
+            if self._decided[name].is_set() and ds.replay:
+                return True
+            streams = self._decided[name].is_set() or not ds.cache.complete
+            return streams and previous.requested.is_set()
+
+        while not ready():
             if self._stop.wait(0.1):
                 return False
         return True
