@@ -53,13 +53,19 @@ def test_cannot_starve_an_operator_below_its_minimum():
     assert apply_action(1 + K_MAX, alloc, specs, 2.0) == alloc
 
 
-def test_memory_limit_masks_every_growth():
-    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0)]
-    alloc = {"a": 1, "b": 1}
-    mask = action_mask(alloc, specs, 8.0, mem_fraction=1.05)
+def test_memory_limit_masks_growth_but_a_slot_may_move_downstream():
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 1, "b": 1, "c": 1}
+    mask = action_mask(alloc, specs, 8.0, mem_fraction=1.05)  # 5 CPUs free, none may be taken
     assert mask[0] and not mask[1:1 + K_MAX].any()
-    mask = action_mask({"a": 2, "b": 1}, specs, 8.0, mem_fraction=1.05)
+    alloc = {"a": 3, "b": 2, "c": 1}
+    mask = action_mask(alloc, specs, 8.0, mem_fraction=1.05)
     assert mask[1 + K_MAX]  # shrinking is still allowed
+    assert not mask[1] and mask[2] and mask[3]  # a has nothing upstream; b and c may take a's (or b's) slot
+    caps = {"a": 300.0, "b": 100.0, "c": 50.0}
+    assert apply_action(2, alloc, specs, 8.0, caps, memory_bound=True) == {"a": 2, "b": 3, "c": 1}
+    assert apply_action(3, alloc, specs, 8.0, caps, memory_bound=True) == {"a": 2, "b": 2, "c": 2}
+    assert apply_action(3, alloc, specs, 8.0, caps) == {"a": 3, "b": 2, "c": 2}  # below the limit: a free CPU
 
 
 def test_padded_operators_are_masked():

@@ -69,11 +69,32 @@ def test_the_shield_keeps_any_net_from_starving_the_bottleneck():
     minus_b, plus_a, plus_b = 1 + K_MAX + 1, 1, 2
     for want, expect in ((minus_b, None), (plus_a, None), (plus_b, {"a": 3, "b": 5, "c": 4})):
         runner = _AlwaysWants(want)
+        runner.max_repeat = 1
         new, what = runner.act(obs, alloc, specs, 12.0, FeatureState(["a", "b", "c"]))
         assert new == expect, (want, what)
         assert runner.stats["vetoed"] == (expect is None)
         if new is not None:
             assert is_feasible(new, specs, 12.0)
+
+
+def test_a_move_grows_the_chosen_operator_as_far_as_the_measured_rates_say_each_slot_pays():
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 4, "c": 4}
+    plus_b = 2
+    # b (500/s at 4 slots) far below a (4000) and c (2000): every slot moved to b pays, up to the
+    # move's bound (4 more slots, at most double); each donor is the one with the most to spare
+    obs = _obs({"a": 4000.0, "b": 500.0, "c": 2000.0}, alloc, 500.0)
+    new, _ = _AlwaysWants(plus_b).act(obs, alloc, specs, 12.0, FeatureState(["a", "b", "c"]))
+    assert new == {"a": 2, "b": 8, "c": 2}
+    # b at 900/s: b7 reaches 1575 with c at 1500; an eighth slot would take c to 1000, below that
+    obs = _obs({"a": 4000.0, "b": 900.0, "c": 2000.0}, alloc, 900.0)
+    new, _ = _AlwaysWants(plus_b).act(obs, alloc, specs, 12.0, FeatureState(["a", "b", "c"]))
+    assert new == {"a": 2, "b": 7, "c": 3}
+    # at the object-store limit a move takes no free CPU (4 of 16 are free), only upstream slots
+    obs = _obs({"a": 4000.0, "b": 500.0, "c": 2000.0}, alloc, 500.0)
+    obs.mem_used = obs.mem_limit
+    new, _ = _AlwaysWants(plus_b).act(obs, alloc, specs, 16.0, FeatureState(["a", "b", "c"]))
+    assert new == {"a": 1, "b": 7, "c": 4}
 
 
 def test_the_nets_own_choices_follow_its_teacher_on_unseen_states():

@@ -199,7 +199,8 @@ def teacher_action(env) -> int:
     for a in np.flatnonzero(env.mask):
         if a == 0:
             continue
-        thr = pipe.throughput(apply_action(int(a), alloc, specs, pipe.budget, caps))
+        thr = pipe.throughput(apply_action(int(a), alloc, specs, pipe.budget, caps,
+                                           memory_bound=env.last_obs.mem_fraction >= 1.0))
         if thr > best * 1.0005:
             best_a, best = int(a), thr
     if best_a:

@@ -427,7 +427,8 @@ def make_env_class():
             before = dict(self.alloc)
             if not self.mask[a]:
                 a = 0
-            self.alloc = apply_action(a, self.alloc, self.specs, self.pipe.budget, caps)
+            self.alloc = apply_action(a, self.alloc, self.specs, self.pipe.budget, caps,
+                                      memory_bound=self.last_obs.mem_fraction >= 1.0)
             self.fs.tick()
             self.fs.note_action(before, self.alloc)
             if self.alloc != before:
