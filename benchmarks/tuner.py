@@ -569,7 +569,8 @@ def simulated_suite(pipe: PipelineDef, policies: list[str], args) -> dict:
         vals, t95s = [], []
         for seed in range(3):
             sim = from_profile(pipe.ground_truth())
-            spec = TunerSpec(f"sim-{pol}", pol, sim.budget, pipe.op_specs(), options=dict(opts))
+            spec = TunerSpec(f"sim-{pol}", pol, sim.budget, pipe.op_specs(), options=dict(opts),
+                             policy_path=args.rl_policy if pol == "rl" else None)
             tr = run_controller_in_sim(sim, spec, steps=steps + extra, seed=seed)
             thr = np.array([x["throughput"] for x in tr])
             final = float(thr[int(0.6 * len(thr)):].mean())
@@ -582,7 +583,8 @@ def simulated_suite(pipe: PipelineDef, policies: list[str], args) -> dict:
             recs, posts = [], []
             for seed in range(3):
                 sim = from_profile(pipe.ground_truth())
-                spec = TunerSpec(f"sims-{pol}", pol, sim.budget, pipe.op_specs(), options=dict(opts))
+                spec = TunerSpec(f"sims-{pol}", pol, sim.budget, pipe.op_specs(), options=dict(opts),
+                                 policy_path=args.rl_policy if pol == "rl" else None)
                 at = int(pipe.shift.at_s)
                 tr = run_controller_in_sim(sim, spec, steps=int(args.shift_run_s), seed=seed, shift_at=at,
                                            shift=(pipe.shift.operator, pipe.shift.factor))
@@ -604,15 +606,20 @@ def simulated_suite(pipe: PipelineDef, policies: list[str], args) -> dict:
 ABLATION_RUNNERS = ("net", "no_net", "random_net")
 
 
-def ablation_sim(seeds: list[int], n_pipelines: int) -> dict:
+def ablation_sim(seeds: list[int], n_pipelines: int, mix: str = "issue11", policy_path: str | None = None) -> dict:
     """The learned net against no net and a random net (all behind the same gate and shield)
-    and plumber, on held-out random simulated pipelines: ``n_pipelines`` per seed, pooled."""
+    and plumber, on held-out random simulated pipelines: ``n_pipelines`` per seed from the
+    pipeline mix ``mix`` (``simulator.PIPELINE_MIXES``), pooled. ``policy_path``: the net to
+    test (a ``tuner train --out`` directory); the shipped one when None."""
+    from dlrm_platform.tuner.rl import RLPolicyRunner
     from dlrm_platform.tuner.rl_train import ablation_runners, evaluate_policies, paired_difference
 
+    net = RLPolicyRunner.load(policy_path).net if policy_path else None
     pooled: dict[str, dict] = {}
     per_seed = []
     for seed in seeds:
-        res = evaluate_policies(ablation_runners(), baselines=("plumber",), n_pipelines=n_pipelines, seed=seed)
+        res = evaluate_policies(ablation_runners(net), baselines=("plumber",), n_pipelines=n_pipelines, seed=seed,
+                                mix=mix)
         per_seed.append({"seed": seed, **{p: {k: v for k, v in row.items() if k != "per_pipeline"}
                                           for p, row in res["policies"].items()}})
         for pol, row in res["policies"].items():
@@ -626,7 +633,8 @@ def ablation_sim(seeds: list[int], n_pipelines: int) -> dict:
                 if k in row:
                     acc[k].append(row[k] * n)
     total = len(seeds) * n_pipelines
-    out: dict = {"seeds": seeds, "pipelines": total, "share_of_optimum": {}, "per_seed": per_seed}
+    out: dict = {"seeds": seeds, "pipelines": total, "mix": mix, "policy": policy_path or "shipped",
+                 "share_of_optimum": {}, "per_seed": per_seed}
     for pol, acc in pooled.items():
         row = {"mean": float(np.mean(acc["per_pipeline"])), "steady": float(np.mean(acc["steady"])),
                "shifted": float(np.mean(acc["shifted"]))}
@@ -643,8 +651,8 @@ def ablation_sim(seeds: list[int], n_pipelines: int) -> dict:
 
 
 def print_ablation_sim(a: dict) -> None:
-    print(f"\n== ablation, simulated: {a['pipelines']} held-out random pipelines (seeds {a['seeds']}),"
-          " share of the optimum over the last 20 of 90 steps")
+    print(f"\n== ablation, simulated: {a['pipelines']} held-out random pipelines (mix {a['mix']}, seeds"
+          f" {a['seeds']}; net: {a['policy']}), share of the optimum over the last 20 of 90 steps")
     print(f"  {'policy':<12}{'all':>8}{'steady':>8}{'shifted':>9}{'gate held':>11}{'net vetoed':>12}")
     for pol, row in a["share_of_optimum"].items():
         gate = row.get("gate_hold_share")
@@ -777,6 +785,11 @@ def main(argv=None) -> int:
                     " and plumber (simulated on held-out pipelines; then live unless --sim-only)")
     ap.add_argument("--ablation-seeds", default="123,7", help="seeds of the held-out simulated pipelines")
     ap.add_argument("--ablation-pipelines", type=int, default=48, help="simulated pipelines per seed")
+    ap.add_argument("--ablation-mix", default="issue11", choices=["issue11", "v1"],
+                    help="the simulated pipelines' distribution (simulator.PIPELINE_MIXES; v1: the first one)")
+    ap.add_argument("--rl-policy", metavar="PATH",
+                    help="the RL net to test, simulated (--sim-only suite and ablation; a `dlrm-platform tuner train"
+                         " --out` directory); default: the shipped one")
     ap.add_argument("--suite", action="store_true",
                     help="every pipeline under benchmarks/pipelines/ (instead of --pipeline), then rl's ratios to"
                     " each baseline per pipeline and their geometric means, against the targets")
@@ -791,7 +804,8 @@ def main(argv=None) -> int:
     kinds = ["local", "multinode"] if args.cluster == "both" else [args.cluster]
     report: dict = {"pipeline": pipe.name, "load_average_at_start": os.getloadavg()}
     if args.ablation:
-        abl = ablation_sim([int(x) for x in args.ablation_seeds.split(",") if x.strip()], args.ablation_pipelines)
+        abl = ablation_sim([int(x) for x in args.ablation_seeds.split(",") if x.strip()], args.ablation_pipelines,
+                           args.ablation_mix, args.rl_policy)
         print_ablation_sim(abl)
         report["ablation"] = {"simulated": abl}
         if not args.sim_only:

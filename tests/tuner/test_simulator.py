@@ -98,3 +98,25 @@ def test_random_pipelines_are_valid():
         assert sum(o.num_cpus for o in p.ops) <= p.budget
         _, t = p.optimum()
         assert t > 0
+
+
+def test_the_issue_mix_draws_what_the_policy_must_generalize_over():
+    """3-8 operators, costs up to 50x apart, storage-bound reads, filters and expanding operators."""
+    from dlrm_platform.tuner.simulator import PIPELINE_MIXES
+
+    pipes = [random_pipeline(np.random.default_rng(s), mix="issue11") for s in range(400)]
+    assert {len(p.ops) for p in pipes} == set(range(3, 9))
+    sec_per_block = [1000.0 * o.ratio / o.mu for p in pipes for o in p.ops]
+    assert max(sec_per_block) / min(sec_per_block) > 30
+    assert all(max(s) / min(s) <= PIPELINE_MIXES["issue11"].cost_span + 1e-6
+               for s in ([1000.0 * o.ratio / o.mu for o in p.ops] for p in pipes))
+    assert sum(p.ops[0].sat is not None and p.ops[0].sat <= 6 for p in pipes) > 80  # storage channels
+    assert sum(any(1.5 <= o.ratio <= 4 for o in p.ops) for p in pipes) > 40       # expanding
+    assert sum(any(0.5 <= o.ratio < 1 for o in p.ops) for p in pipes) > 40        # filters
+    for p in pipes:
+        assert sum(o.num_cpus for o in p.ops) <= p.budget and p.optimum()[1] > 0
+    # the first mix (the shipped policy's first training and evaluation): 2-8 operators, ~30x, no expanding
+    v1 = [random_pipeline(np.random.default_rng(s), mix="v1") for s in range(200)]
+    assert min(len(p.ops) for p in v1) == 2
+    assert not any(o.ratio > 1 for p in v1 for o in p.ops)
+    assert all(max(s) / min(s) <= 30 + 1e-6 for s in ([1000.0 * o.ratio / o.mu for o in p.ops] for p in v1))

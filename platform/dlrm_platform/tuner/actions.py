@@ -244,3 +244,39 @@ def fill_budget(
         if capacities.get(best.name) is not None:
             capacities = dict(capacities)
             capacities[best.name] = per_slot * out[best.name]
+
+
+def grow_while_it_pays(
+    a: int,
+    alloc: Mapping[str, int],
+    specs: Sequence[OpSpec],
+    budget: float,
+    capacities: Mapping[str, float | None],
+    *,
+    max_slots: int,
+    min_gain: float = 0.02,
+    memory_bound: bool = False,
+) -> Allocation:
+    """The allocation after a "+1" move ``a`` that goes as far as the measured rates say it pays.
+
+    The first slot is ``apply_action``'s; each further one must pass :func:`vetoed_actions` at the
+    allocation the earlier ones reached (the capacities scaled linearly with slots), and the
+    operator grows by at most ``max_slots`` and at most doubles. One slot per move converged too
+    slowly where the optimum is many slots away or a task outlasts several intervals (the policy
+    waits for evidence after each move). The next measurement corrects what the linear model
+    over-predicted (saturating I/O). Any other action: ``apply_action``.
+    """
+    new = apply_action(a, alloc, specs, budget, capacities, memory_bound)
+    if not 1 <= a <= K_MAX or new == alloc:
+        return new
+    name = specs[a - 1].name
+    most = min(alloc[name] + max_slots, 2 * alloc[name])
+    only = np.zeros(N_ACTIONS, dtype=bool)
+    only[a] = True
+    while new[name] < most:
+        scaled = {n: (c * new[n] / alloc[n] if c is not None and alloc.get(n) else c) for n, c in capacities.items()}
+        if not can_grow(name, new, specs, budget, scaled, memory_bound) or \
+                vetoed_actions(only, new, specs, budget, scaled, min_gain, memory_bound)[a]:
+            break
+        new = apply_action(a, new, specs, budget, scaled, memory_bound)
+    return new

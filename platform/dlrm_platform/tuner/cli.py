@@ -57,6 +57,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
             imitation_steps=args.imitation_steps,
             profile=profile,
             seed=args.seed,
+            lr=args.lr,
+            train_batch=args.train_batch,
+            mix=args.mix,
         )
     finally:
         ray.shutdown()
@@ -89,11 +92,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         " With --profile, a share of the episodes are built from a profiling pass of that pipeline.",
     )
     tr.add_argument("--out", help="output directory (default: the package's pretrained/ directory)")
-    tr.add_argument("--iterations", type=int, default=10, help="PPO iterations (default 10)")
-    tr.add_argument("--imitation-rounds", type=int, default=6)
-    tr.add_argument("--imitation-steps", type=int, default=4000, help="simulator steps per imitation round")
+    # the defaults are how the shipped policy was trained (its policy.json)
+    tr.add_argument("--iterations", type=int, default=15, help="PPO iterations (default 15)")
+    tr.add_argument("--imitation-rounds", type=int, default=16)
+    tr.add_argument("--imitation-steps", type=int, default=8000, help="simulator steps per imitation round")
+    tr.add_argument("--lr", type=float, default=3e-5, help="PPO learning rate")
+    tr.add_argument("--train-batch", type=int, default=4000, help="PPO env steps per iteration")
+    tr.add_argument("--mix", default="issue11", choices=["issue11", "v1"],
+                    help="random simulated pipelines' distribution (tuner/simulator.py PIPELINE_MIXES)")
     tr.add_argument("--profile", help="job config / pipeline YAML to profile, or a profile JSON from analyze")
     tr.add_argument("--profile-seconds", type=float, default=20.0)
     tr.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray used for training")
-    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--seed", type=int, default=1)
     tr.set_defaults(handler=_cmd_train)

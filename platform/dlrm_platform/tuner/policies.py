@@ -566,11 +566,10 @@ class AutoPolicy(Policy):
       move between operators and the fused operator's task count is fixed when the pipeline
       is built (``ingest.pipeline.fused_operator`` sizes it to the data CPUs), so it holds
       the config's numbers, as ``static`` does, and says so.
-    * Several operators (``ingest.fusion: off``): ``plumber``. Of the policies that steer
-      live it is the one that is best where measured: on held-out simulated pipelines it
-      reaches 0.990 of the optimum against 0.978 for ``rl`` (whose net adds 0.010 over its
-      rules), and live it ties ``rl`` on the benchmark pipeline within noise; each of
-      its moves comes from a model (the LP) whose prediction is the decision's explanation.
+    * Several operators (``ingest.fusion: off``): ``plumber``. On held-out simulated pipelines
+      it reaches 0.986 of the optimum against 0.975 for ``rl``, and live it ties ``rl`` on the
+      benchmark pipeline: within the noise both times, and each of its moves comes from a
+      model (the LP) whose prediction is the decision's explanation.
     * An epoch the epoch cache replays runs no pipeline: there is nothing to steer, and the
       job's tuner report says so (``TunerHandle.log_to_mlflow``).
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm_platform.tuner.actions import K_MAX, apply_action, can_grow, describe_action, vetoed_actions
+from dlrm_platform.tuner.actions import K_MAX, describe_action, grow_while_it_pays, vetoed_actions
 from dlrm_platform.tuner.features import FeatureState, featurize
 from dlrm_platform.tuner.observe import Observation
 from dlrm_platform.tuner.spec import Allocation, OpSpec
@@ -47,8 +47,10 @@ _RUNNERS: dict[str, RLPolicyRunner] = {}
 class RLPolicyRunner:
     #: a move of a slot must be predicted to speed up the bottleneck by this much
     shield_min_gain = 0.02
-    #: at most this many slots for one operator per move (1: one slot per move)
+    #: at most this many slots for one operator per move (1: one slot per move; actions.grow_while_it_pays)
     max_repeat = 4
+    #: a hold of the net's is overridden when a "+1" the shield allows is predicted to gain this much
+    hold_override_gain: float | None = 0.10
 
     def __init__(self, net, meta: dict | None = None):
         self.net = net
@@ -83,30 +85,6 @@ class RLPolicyRunner:
         runner = cls(net, meta)
         _RUNNERS[key] = runner
         return runner
-
-    def _repeat(self, a: int, alloc: Allocation, new: Allocation, specs: Sequence[OpSpec], budget: float,
-                caps: dict[str, float | None], memory_bound: bool) -> Allocation:
-        """Repeat the net's "+1" while the measured rates say each further slot still pays.
-
-        The net chooses *which* operator to grow; how far is a question for the measurements:
-        each repeat must pass the same shield at the allocation the earlier ones reach (the
-        measured capacities scaled linearly with slots), and one move adds at most
-        ``max_repeat`` slots and at most doubles the operator. One slot per move converged too
-        slowly where the optimum is many slots away or a task outlasts several intervals
-        (simulated, 48 held-out pipelines: 0.47 of the optimum after 90 s on one of them). The
-        next measurement corrects what the linear model over-predicted (saturating I/O).
-        """
-        name = specs[a - 1].name
-        most = min(alloc[name] + self.max_repeat, 2 * alloc[name])
-        one = np.zeros(1 + 2 * K_MAX, dtype=bool)
-        one[a] = True
-        while new[name] < most:
-            scaled = {n: (c * new[n] / alloc[n] if c is not None and alloc.get(n) else c) for n, c in caps.items()}
-            if not can_grow(name, new, specs, budget, scaled, memory_bound) or \
-                    vetoed_actions(one, new, specs, budget, scaled, self.shield_min_gain, memory_bound)[a]:
-                break
-            new = apply_action(a, new, specs, budget, scaled, memory_bound)
-        return new
 
     def logits(self, vec: np.ndarray) -> np.ndarray:
         import torch
@@ -143,9 +121,19 @@ class RLPolicyRunner:
         self.stats["asked"] += 1
         self.stats["moves_wanted"] += int(own != 0)
         self.stats["vetoed"] += int(own != a)
-        new = apply_action(a, alloc, specs, budget, caps, memory_bound)
-        if 1 <= a <= K_MAX and new != alloc:
-            new = self._repeat(a, alloc, new, specs, budget, caps, memory_bound)
+        if a == 0 and self.hold_override_gain is not None:
+            # The net holds, but the measured rates predict a large gain from growing some
+            # operator: take the one the net likes best among those (its hold was a mistake).
+            strong = allowed & ~vetoed_actions(allowed, alloc, specs, budget, caps, self.hold_override_gain,
+                                               memory_bound)
+            strong[0] = False
+            strong[1 + K_MAX:] = False
+            if strong.any():
+                a = self.choose(vec, strong)
+                self.stats["overridden"] = self.stats.get("overridden", 0) + 1
+        # the net picks the operator; the measured rates say how many slots the move gives it
+        new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=self.max_repeat,
+                                 min_gain=self.shield_min_gain, memory_bound=memory_bound)
         fs.tick()
         fs.note_action(alloc, new)
         return (new if new != alloc else None), describe_action(a, [s.name for s in specs])

@@ -62,12 +62,12 @@ def _module_class():
     return TunerRLModule
 
 
-def evaluate_net(net, n_pipelines: int = 12, steps: int = 90, seed: int = 123) -> dict:
+def evaluate_net(net, n_pipelines: int = 12, steps: int = 90, seed: int = 123, mix: str = "issue11") -> dict:
     """Mean share of the optimum the policy reaches over its last 20 steps, on random
     simulated pipelines (half with a mid-run cost shift), next to the plumber policy."""
     from dlrm_platform.tuner.rl import RLPolicyRunner
 
-    res = evaluate_policies({"rl": RLPolicyRunner(net)}, n_pipelines=n_pipelines, steps=steps, seed=seed)
+    res = evaluate_policies({"rl": RLPolicyRunner(net)}, n_pipelines=n_pipelines, steps=steps, seed=seed, mix=mix)
     return {k: v["mean"] for k, v in res["policies"].items()}
 
 
@@ -96,6 +96,7 @@ def evaluate_policies(
     steps: int = 90,
     seed: int = 123,
     tail: int = 20,
+    mix: str = "issue11",
 ) -> dict:
     """Every RL runner (``{name: RLPolicyRunner}``, acting through the ``rl`` policy with its
     evidence gate and shield) and every baseline policy on the same random simulated
@@ -122,7 +123,7 @@ def evaluate_policies(
         shifted.append(shift)
         for pol in policies:
             prng = np.random.default_rng(pipe_seed)
-            pipe = random_pipeline(prng)
+            pipe = random_pipeline(prng, mix=mix)
             init = initial_allocation(pipe, prng, "even")
             kind = "rl" if pol in runners else pol
             spec = TunerSpec(f"eval-{i}", kind, pipe.budget, pipe.specs(init), policy_path=keys.get(pol))
@@ -135,7 +136,7 @@ def evaluate_policies(
                 ticks[pol] += len(trace)
                 held[pol] += sum("measuring the last move" in x["policy_state"] for x in trace)
     mask = np.array(shifted)
-    out: dict = {"n_pipelines": n_pipelines, "steps": steps, "seed": seed, "tail": tail, "policies": {}}
+    out: dict = {"n_pipelines": n_pipelines, "steps": steps, "seed": seed, "tail": tail, "mix": mix, "policies": {}}
     for pol, v in scores.items():
         a = np.array(v)
         row = {"mean": float(a.mean()), "steady": float(a[~mask].mean()) if (~mask).any() else None,
@@ -188,7 +189,7 @@ def teacher_action(env) -> int:
     It takes the valid action that raises the true throughput most; on a plateau
     (two operators tied as bottleneck) it moves toward the true optimum; at
     (near) the optimum it holds."""
-    from dlrm_platform.tuner.actions import K_MAX, apply_action
+    from dlrm_platform.tuner.actions import K_MAX, grow_while_it_pays
 
     pipe, alloc, specs = env.pipe, env.alloc, env.specs
     now = pipe.throughput(alloc)
@@ -199,8 +200,9 @@ def teacher_action(env) -> int:
     for a in np.flatnonzero(env.mask):
         if a == 0:
             continue
-        thr = pipe.throughput(apply_action(int(a), alloc, specs, pipe.budget, caps,
-                                           memory_bound=env.last_obs.mem_fraction >= 1.0))
+        thr = pipe.throughput(grow_while_it_pays(int(a), alloc, specs, pipe.budget, caps,
+                                                 max_slots=env.cfg.move_slots,
+                                                 memory_bound=env.last_obs.mem_fraction >= 1.0))
         if thr > best * 1.0005:
             best_a, best = int(a), thr
     if best_a:
@@ -224,6 +226,7 @@ def imitation_pretrain(
     seed: int = 0,
     profile: dict | None = None,
     gamma: float = 0.9,
+    mix: str = "issue11",
     progress=print,
 ):
     """DAgger: roll out (teacher with probability beta, else the student), label every
@@ -237,7 +240,7 @@ def imitation_pretrain(
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     rng = np.random.default_rng(seed)
-    env = make_env_class()(EnvConfig(seed=seed, profile=profile))
+    env = make_env_class()(EnvConfig(seed=seed, profile=profile, mix=mix))
     net = PerOpPolicyNet(hidden=hidden)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     xs: list[np.ndarray] = []
@@ -299,15 +302,16 @@ def imitation_pretrain(
 def train_policy(
     out_dir: str | Path,
     *,
-    iterations: int = 10,
-    imitation_rounds: int = 6,
-    imitation_steps: int = 4000,
+    iterations: int = 15,
+    imitation_rounds: int = 16,
+    imitation_steps: int = 8000,
     profile: dict | None = None,
-    seed: int = 0,
+    seed: int = 1,
     hidden: int = 64,
-    train_batch: int = 2000,
-    lr: float = 1e-4,
+    train_batch: int = 4000,
+    lr: float = 3e-5,
     num_envs: int = 8,
+    mix: str = "issue11",
     evaluate: bool = True,
     init_state: str | Path | None = None,
     progress=print,
@@ -318,7 +322,7 @@ def train_policy(
     import torch
 
     from dlrm_platform.tuner.nets import PerOpPolicyNet
-    from dlrm_platform.tuner.simulator import EnvConfig, make_env_class
+    from dlrm_platform.tuner.simulator import PIPELINE_MIXES, EnvConfig, make_env_class
 
     torch.set_num_threads(1)
     out = Path(out_dir)
@@ -332,13 +336,13 @@ def train_policy(
         phases["init"] = {"from": str(init_state)}
     elif imitation_rounds > 0:
         net = imitation_pretrain(rounds=imitation_rounds, steps_per_round=imitation_steps, hidden=hidden,
-                                 seed=seed, profile=profile, progress=progress)
+                                 seed=seed, profile=profile, mix=mix, progress=progress)
         init_path = out / "imitation.pt"
         torch.save(net.state_dict(), init_path)
         phases["imitation"] = {"rounds": imitation_rounds, "steps": imitation_rounds * imitation_steps,
                                "seconds": time.time() - t0}
         if evaluate:
-            phases["imitation"]["sim_eval"] = evaluate_net(net)
+            phases["imitation"]["sim_eval"] = evaluate_net(net, mix=mix)
             if progress:
                 progress(f"after imitation: {phases['imitation']['sim_eval']}")
     history = []
@@ -352,7 +356,8 @@ def train_policy(
             model_config["init_state_path"] = str(init_path)
         config = (
             PPOConfig()
-            .environment(make_env_class(), env_config={"seed": seed, "profile": profile, "episode_steps": 80})
+            .environment(make_env_class(), env_config={"seed": seed, "profile": profile, "episode_steps": 80,
+                                                       "mix": mix})
             .env_runners(num_env_runners=0, num_envs_per_env_runner=num_envs, rollout_fragment_length="auto")
             .training(
                 lr=lr,
@@ -392,7 +397,7 @@ def train_policy(
     net = PerOpPolicyNet(hidden=hidden)
     net.load_state_dict(state)
     net.eval()
-    scores = evaluate_net(net) if evaluate else {}
+    scores = evaluate_net(net, mix=mix) if evaluate else {}
     if init_path is not None:
         init_path.unlink(missing_ok=True)
     meta = {
@@ -403,7 +408,8 @@ def train_policy(
         "phases": phases,
         "seed": seed,
         "profile": profile,
-        "env": {k: v for k, v in EnvConfig().__dict__.items() if k not in ("profile", "extra")},
+        "env": {k: v for k, v in EnvConfig(mix=mix).__dict__.items() if k not in ("profile", "extra")},
+        "pipeline_mix": {"name": mix, **PIPELINE_MIXES[mix].__dict__},
         "ppo": {"lr": lr, "train_batch": train_batch, "num_envs": num_envs, "history": history},
         "sim_eval_share_of_optimum": scores,
         "seconds": time.time() - t0,
