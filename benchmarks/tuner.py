@@ -252,6 +252,8 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
     set_cost_multipliers(control, {} if cost_scale is None else {o.name: cost_scale for o in pipe.operators})
     ds = build_dataset(pipe, blocks, strategies, control_file=control)
     ds.context.execution_options.resource_limits = ds.context.execution_options.resource_limits.copy(cpu=budget)
+    # A tuner id's controller lives for the process (kept across epochs): tags name the pipeline, or
+    # the suite's second pipeline would be steered by the first one's controller.
     handle = tuner_api.attach(cfg, None, ds.context, budget, operators=specs, options=options,
                               tuner_id=f"{tag}-{policy}")
     t0 = time.time()
@@ -426,7 +428,7 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
                 print(f"  [{kind} round {r + 1}] {pol}: {run_s:.0f} s ...", flush=True)
                 # every policy's steady state is the same last 40% of args.run_s (after the oracle's search)
                 res = run_one(pipe, pol, run_s, shift_at=None, plot_dir=args.plot_dir, oracle_k=args.oracle_k,
-                              tag=f"{kind}{r}", steady_s=0.4 * args.run_s,
+                              tag=f"{pipe.name}-{kind}{r}", steady_s=0.4 * args.run_s,
                               must_beat=must_beat if pol == "oracle" else None)
                 print(f"     {res['samples_per_s']:,.0f} samples/s, 95% after {res['seconds_to_95pct']} s,"
                       f" stalls {res['stalls']}, crash {res['crash']}, final {res['final_allocation']}", flush=True)
@@ -435,7 +437,7 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
                 print(f"  [{kind}] overhead ceiling: the same pipeline, operators that cost nothing,"
                       f" {args.run_s:.0f} s ...", flush=True)
                 res = run_one(pipe, "static", args.run_s, shift_at=None, plot_dir=None, oracle_k=args.oracle_k,
-                              tag=f"{kind}-ceiling", steady_s=0.4 * args.run_s, cost_scale=0.0)
+                              tag=f"{pipe.name}-{kind}-ceiling", steady_s=0.4 * args.run_s, cost_scale=0.0)
                 print(f"     {res['samples_per_s']:,.0f} samples/s", flush=True)
                 ceiling.append(res)
             if pipe.shift is not None and not args.no_shift:
@@ -445,7 +447,7 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
                     run_s = args.shift_run_s
                     print(f"  [{kind} round {r + 1}] shift scenario, {pol}: {run_s:.0f} s ...", flush=True)
                     res = run_one(pipe, pol, run_s, shift_at=pipe.shift.at_s, plot_dir=args.plot_dir,
-                                  oracle_k=args.oracle_k, tag=f"{kind}{r}-shift")
+                                  oracle_k=args.oracle_k, tag=f"{pipe.name}-{kind}{r}-shift")
                     print(f"     pre {res['pre_shift_samples_per_s']:,.0f} -> post {res['post_shift_samples_per_s']:,.0f}"
                           f" samples/s, recovery {res['recovery_s']} s, stalls {res['stalls']}", flush=True)
                     shift_results[pol].append(res)
@@ -682,7 +684,7 @@ def ablation_live(pipe: PipelineDef, kind: str, args) -> dict:
             pol = "plumber" if name == "plumber" else "rl"
             print(f"  [{kind} ablation] {name}: {args.run_s:.0f} s ...", flush=True)
             res = run_one(pipe, pol, args.run_s, shift_at=None, plot_dir=args.plot_dir, oracle_k=args.oracle_k,
-                          tag=f"{kind}-ablation-{name}", steady_s=0.4 * args.run_s, policy_path=keys.get(name))
+                          tag=f"{pipe.name}-{kind}-ablation-{name}", steady_s=0.4 * args.run_s, policy_path=keys.get(name))
             out["samples_per_s"][name] = res["samples_per_s"]
             out["final_allocation"][name] = res["final_allocation"]
             out["decisions"][name] = res["decisions"]
