@@ -86,7 +86,7 @@ from dlrm_platform import tuner as tuner_api  # noqa: E402
 from dlrm_platform.config import TunerConfig  # noqa: E402
 from dlrm_platform.tuner.observe import OccupiedSlotRates  # noqa: E402
 from dlrm_platform.tuner.policies import enumerate_allocations, neighbourhood  # noqa: E402
-from dlrm_platform.tuner.simulator import from_profile  # noqa: E402
+from dlrm_platform.tuner.simulator import DEFAULT_MIX, PIPELINE_MIXES, from_profile  # noqa: E402
 from dlrm_platform.tuner.sleep_pipelines import (  # noqa: E402
     PipelineDef,
     build_dataset,
@@ -608,7 +608,7 @@ def simulated_suite(pipe: PipelineDef, policies: list[str], args) -> dict:
 ABLATION_RUNNERS = ("net", "no_net", "random_net")
 
 
-def ablation_sim(seeds: list[int], n_pipelines: int, mix: str = "issue11", policy_path: str | None = None) -> dict:
+def ablation_sim(seeds: list[int], n_pipelines: int, mix: str = DEFAULT_MIX, policy_path: str | None = None) -> dict:
     """The learned net against no net and a random net (all behind the same gate and shield)
     and plumber, on held-out random simulated pipelines: ``n_pipelines`` per seed from the
     pipeline mix ``mix`` (``simulator.PIPELINE_MIXES``), pooled. ``policy_path``: the net to
@@ -787,7 +787,7 @@ def main(argv=None) -> int:
                     " and plumber (simulated on held-out pipelines; then live unless --sim-only)")
     ap.add_argument("--ablation-seeds", default="123,7", help="seeds of the held-out simulated pipelines")
     ap.add_argument("--ablation-pipelines", type=int, default=48, help="simulated pipelines per seed")
-    ap.add_argument("--ablation-mix", default="issue11", choices=["issue11", "v1"],
+    ap.add_argument("--ablation-mix", default=DEFAULT_MIX, choices=sorted(PIPELINE_MIXES),
                     help="the simulated pipelines' distribution (simulator.PIPELINE_MIXES; v1: the first one)")
     ap.add_argument("--rl-policy", metavar="PATH",
                     help="the RL net to test, simulated (--sim-only suite and ablation; a `dlrm-platform tuner train"

@@ -67,8 +67,8 @@ def pick_donor(
     """The operator above its minimum that keeps the most capacity after giving up a slot
     (unknown capacity counts as the most); ``upstream_only``: among those before ``exclude``."""
     names = [s.name for s in specs]
-    before = names[:names.index(exclude)] if upstream_only and exclude in names else names
-    cands = [s.name for s in specs if s.name != exclude and s.name in before and alloc[s.name] > s.min_slots]
+    end = names.index(exclude) if upstream_only and exclude in names else len(specs)
+    cands = [s.name for s in specs[:end] if s.name != exclude and alloc[s.name] > s.min_slots]
     if not cands:
         return None
     return max(cands, key=lambda n: _slack_key(n, alloc, capacities))
@@ -271,12 +271,14 @@ def grow_while_it_pays(
         return new
     name = specs[a - 1].name
     most = min(alloc[name] + max_slots, 2 * alloc[name])
-    only = np.zeros(N_ACTIONS, dtype=bool)
-    only[a] = True
     while new[name] < most:
+        # capacities at ``new`` (donor choice); the gain is the shield's test (vetoed_actions)
         scaled = {n: (c * new[n] / alloc[n] if c is not None and alloc.get(n) else c) for n, c in capacities.items()}
-        if not can_grow(name, new, specs, budget, scaled, memory_bound) or \
-                vetoed_actions(only, new, specs, budget, scaled, min_gain, memory_bound)[a]:
+        trial = _grown(name, new, specs, budget, scaled, memory_bound)
+        if trial is None:
             break
-        new = apply_action(a, new, specs, budget, scaled, memory_bound)
+        now = predicted_bottleneck(alloc, capacities, new)
+        if math.isfinite(now) and predicted_bottleneck(alloc, capacities, trial) < now * (1.0 + min_gain):
+            break
+        new = trial
     return new

@@ -98,6 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--imitation-steps", type=int, default=8000, help="simulator steps per imitation round")
     tr.add_argument("--lr", type=float, default=3e-5, help="PPO learning rate")
     tr.add_argument("--train-batch", type=int, default=4000, help="PPO env steps per iteration")
+    # the names of simulator.PIPELINE_MIXES, spelled out: importing the simulator costs every CLI start ~0.3 s
     tr.add_argument("--mix", default="issue11", choices=["issue11", "v1"],
                     help="random simulated pipelines' distribution (tuner/simulator.py PIPELINE_MIXES)")
     tr.add_argument("--profile", help="job config / pipeline YAML to profile, or a profile JSON from analyze")

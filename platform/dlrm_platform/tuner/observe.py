@@ -99,6 +99,11 @@ class Observation:
         return self.mem_used / self.mem_limit
 
     @property
+    def at_memory_limit(self) -> bool:
+        """Object-store use at its limit: no "+1" may take a free CPU (``actions.action_mask``)."""
+        return self.mem_fraction >= 1.0
+
+    @property
     def used_cpus(self) -> float:
         return sum(o.slots * o.cpus_per_slot for o in self.ops)
 

@@ -57,7 +57,7 @@ class RLPolicyRunner:
         self.meta = meta or {}
         # what the shield did to this runner's choices (ablation, benchmarks): ticks the net was
         # asked, and how many of its own choices (argmax over the plain mask) the shield vetoed
-        self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0}
+        self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0, "overridden": 0}
 
     def register(self, key: str) -> str:
         """Make this in-memory policy loadable as ``policy_path=key`` (evaluation, tests)."""
@@ -114,7 +114,7 @@ class RLPolicyRunner:
         # a finished operator bounds nothing (and is the first donor)
         caps = {o.name: (None if o.completed else o.capacity) for o in obs.ops}
         # the net sees the plain mask (as in training); the shield only vetoes its choice
-        memory_bound = obs.mem_fraction >= 1.0  # "+1" only from upstream slots (actions.py)
+        memory_bound = obs.at_memory_limit  # "+1" only from upstream slots (actions.py)
         allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, self.shield_min_gain, memory_bound)
         a = self.choose(vec, allowed)
         own = a if (allowed == mask).all() else self.choose(vec, mask)  # what it wanted, unshielded
@@ -124,13 +124,12 @@ class RLPolicyRunner:
         if a == 0 and self.hold_override_gain is not None:
             # The net holds, but the measured rates predict a large gain from growing some
             # operator: take the one the net likes best among those (its hold was a mistake).
-            strong = allowed & ~vetoed_actions(allowed, alloc, specs, budget, caps, self.hold_override_gain,
-                                               memory_bound)
-            strong[0] = False
-            strong[1 + K_MAX:] = False
+            grow = np.zeros_like(allowed)
+            grow[1:1 + K_MAX] = allowed[1:1 + K_MAX]
+            strong = grow & ~vetoed_actions(grow, alloc, specs, budget, caps, self.hold_override_gain, memory_bound)
             if strong.any():
                 a = self.choose(vec, strong)
-                self.stats["overridden"] = self.stats.get("overridden", 0) + 1
+                self.stats["overridden"] += 1
         # the net picks the operator; the measured rates say how many slots the move gives it
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=self.max_repeat,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound)

@@ -6,9 +6,10 @@ weights are exported to a plain torch ``state_dict`` (``policy.pt``, tens of
 KB) plus ``policy.json`` describing the run, because an RLlib checkpoint is
 megabytes and seconds to restore, while acting needs one small forward pass.
 
-Episodes come from random pipelines (2-8 operators, 30x cost spread, filters,
-packing, saturating operators, slow-starting slots, trainer-bound phases) and,
-when a profile of a real pipeline is given, from jittered copies of it; half
+Episodes come from random pipelines of a mix (``simulator.PIPELINE_MIXES``; the
+default is the issue's: 3-8 operators, costs up to 50x apart, storage-bound reads,
+filters, expanding operators, packing, slow-starting slots, trainer-bound phases)
+and, when a profile of a real pipeline is given, from jittered copies of it; half
 of the episodes shift one operator's cost mid-way so the policy learns to
 re-adapt.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from dlrm_platform.tuner.rl import META, WEIGHTS
+from dlrm_platform.tuner.simulator import DEFAULT_MIX
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ def _module_class():
     return TunerRLModule
 
 
-def evaluate_net(net, n_pipelines: int = 12, steps: int = 90, seed: int = 123, mix: str = "issue11") -> dict:
+def evaluate_net(net, n_pipelines: int = 12, steps: int = 90, seed: int = 123, mix: str = DEFAULT_MIX) -> dict:
     """Mean share of the optimum the policy reaches over its last 20 steps, on random
     simulated pipelines (half with a mid-run cost shift), next to the plumber policy."""
     from dlrm_platform.tuner.rl import RLPolicyRunner
@@ -96,7 +98,7 @@ def evaluate_policies(
     steps: int = 90,
     seed: int = 123,
     tail: int = 20,
-    mix: str = "issue11",
+    mix: str = DEFAULT_MIX,
 ) -> dict:
     """Every RL runner (``{name: RLPolicyRunner}``, acting through the ``rl`` policy with its
     evidence gate and shield) and every baseline policy on the same random simulated
@@ -202,7 +204,7 @@ def teacher_action(env) -> int:
             continue
         thr = pipe.throughput(grow_while_it_pays(int(a), alloc, specs, pipe.budget, caps,
                                                  max_slots=env.cfg.move_slots,
-                                                 memory_bound=env.last_obs.mem_fraction >= 1.0))
+                                                 memory_bound=env.last_obs.at_memory_limit))
         if thr > best * 1.0005:
             best_a, best = int(a), thr
     if best_a:
@@ -226,7 +228,7 @@ def imitation_pretrain(
     seed: int = 0,
     profile: dict | None = None,
     gamma: float = 0.9,
-    mix: str = "issue11",
+    mix: str = DEFAULT_MIX,
     progress=print,
 ):
     """DAgger: roll out (teacher with probability beta, else the student), label every
@@ -311,7 +313,7 @@ def train_policy(
     train_batch: int = 4000,
     lr: float = 3e-5,
     num_envs: int = 8,
-    mix: str = "issue11",
+    mix: str = DEFAULT_MIX,
     evaluate: bool = True,
     init_state: str | Path | None = None,
     progress=print,

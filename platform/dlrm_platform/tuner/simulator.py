@@ -462,7 +462,7 @@ def make_env_class():
                 a = 0
             self.alloc = grow_while_it_pays(a, self.alloc, self.specs, self.pipe.budget, caps,
                                             max_slots=self.cfg.move_slots,
-                                            memory_bound=self.last_obs.mem_fraction >= 1.0)
+                                            memory_bound=self.last_obs.at_memory_limit)
             self.fs.tick()
             self.fs.note_action(before, self.alloc)
             if self.alloc != before:
