@@ -44,7 +44,8 @@ operator's output rows per occupied slot-second, the best any run measured for i
 ``--suite`` runs the comparison on every pipeline under ``benchmarks/pipelines/`` (the DLRM
 preprocessing pipeline; ``storage_saturated``, where the read sits behind 3 storage channels so a
 linear per-slot model over-predicts it; ``wide_skewed``, eight operators with costs 50x apart, a
-filter and a 2-CPU operator), then prints rl's samples/s over each baseline's per pipeline and the
+filter and a 2-CPU operator; ``contended_lookup``, whose lookup slows down past 5 concurrent tasks),
+then prints rl's samples/s over each baseline's per pipeline and the
 geometric means over the suite, against the targets (``SUITE_TARGETS``): rl >= 0.95x the oracle
 on every pipeline, its geometric mean >= 1.05x plumber's and >= 1.3x ray_default's (live only:
 Ray's allocator is not simulated). With ``--sim-only`` it takes a minute; live, each pipeline

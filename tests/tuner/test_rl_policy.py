@@ -44,7 +44,7 @@ def test_missing_policy_path_is_a_user_error(tmp_path):
 
 def _obs(caps, alloc, thr):
     ops = [OpObs(n, alloc[n], 1.0, thr, caps[n] / alloc[n], 1.0, alloc[n] * 0.9, 0.9, 0.0, 2.0, 1e6,
-                 capacity=caps[n]) for n in alloc]
+                 capacity=caps[n], measured=True) for n in alloc]
     return Observation(10.0, 3.0, ops, thr, 1e7, 1e9, 0.0, float(sum(alloc.values())),
                        extra={"sink_factors": [1.0] * len(ops)})
 

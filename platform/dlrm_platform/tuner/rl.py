@@ -51,13 +51,19 @@ class RLPolicyRunner:
     max_repeat = 4
     #: a hold of the net's is overridden when a "+1" the shield allows is predicted to gain this much
     hold_override_gain: float | None = 0.10
+    #: correct the linear model with each operator's measured scaling (``tuner/scaling.py``): no "+1"
+    #: past the slots from which more were measured not to pay, and back to fewer slots where those
+    #: measured faster by this margin (None: the linear model alone)
+    scaling_margin: float | None = 0.10
+    #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
+    steady_steps = 3
 
     def __init__(self, net, meta: dict | None = None):
         self.net = net
         self.meta = meta or {}
         # what the shield did to this runner's choices (ablation, benchmarks): ticks the net was
         # asked, and how many of its own choices (argmax over the plain mask) the shield vetoed
-        self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0, "overridden": 0}
+        self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0, "overridden": 0, "moved_back": 0}
 
     def register(self, key: str) -> str:
         """Make this in-memory policy loadable as ``policy_path=key`` (evaluation, tests)."""
@@ -113,9 +119,22 @@ class RLPolicyRunner:
         vec, mask = featurize(obs, alloc, specs, budget, fs)
         # a finished operator bounds nothing (and is the first donor)
         caps = {o.name: (None if o.completed else o.capacity) for o in obs.ops}
+        limits: dict[str, int] = {}
+        if self.scaling_margin is not None:
+            steady = {n for n, k in fs.steps_since_change.items() if k >= self.steady_steps}
+            fs.scaling.record(alloc, {o.name: caps[o.name] for o in obs.ops if o.measured and o.name in steady})
+            back = self._move_back(obs, alloc, specs, budget, fs)
+            if back is not None:
+                return back
+            limits = {s.name: lim for s in specs if (lim := fs.scaling.limit(s.name)) is not None}
         # the net sees the plain mask (as in training); the shield only vetoes its choice
         memory_bound = obs.at_memory_limit  # "+1" only from upstream slots (actions.py)
         allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, self.shield_min_gain, memory_bound)
+        for k, s in enumerate(specs[:K_MAX]):
+            if s.name in limits and alloc[s.name] >= limits[s.name]:
+                allowed[1 + k] = False  # measured: more slots did not pay
+            elif self.scaling_margin is not None and alloc[s.name] not in fs.scaling.curves.get(s.name, {}):
+                allowed[1 + k] = False  # not measured steady at its slots yet: grown once that says it paid
         a = self.choose(vec, allowed)
         own = a if (allowed == mask).all() else self.choose(vec, mask)  # what it wanted, unshielded
         self.stats["asked"] += 1
@@ -131,11 +150,49 @@ class RLPolicyRunner:
                 a = self.choose(vec, strong)
                 self.stats["overridden"] += 1
         # the net picks the operator; the measured rates say how many slots the move gives it
-        new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=self.max_repeat,
+        most = self.max_repeat
+        if 1 <= a <= min(K_MAX, len(specs)) and specs[a - 1].name in limits:
+            most = max(1, min(most, limits[specs[a - 1].name] - alloc[specs[a - 1].name]))
+        new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound)
         fs.tick()
         fs.note_action(alloc, new)
         return (new if new != alloc else None), describe_action(a, [s.name for s in specs])
+
+    def _move_back(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
+                   fs: FeatureState) -> tuple[Allocation, str] | None:
+        """Moves the measured scaling asks for before the net is asked: back to a slot count of an
+        operator that measured clearly more capacity than it has now (fewer slots free CPUs for the
+        others; more only from free CPUs), else, where the bottleneck's tasks were measured to slow
+        each other down, a probe with fewer slots."""
+        free = budget - sum(alloc[s.name] * s.num_cpus for s in specs)
+        best: tuple[float, str, int] | None = None
+        for s in specs:
+            k = fs.scaling.better(s.name, alloc[s.name], self.scaling_margin)
+            if k is None or k < s.min_slots:
+                continue
+            if k > alloc[s.name] and (s.name != obs.bottleneck() or (k - alloc[s.name]) * s.num_cpus > free + 1e-9):
+                continue  # more slots only for the bottleneck (undoing a probe), from free CPUs
+            curve = fs.scaling.settled(s.name)
+            gain = curve[k] / curve[alloc[s.name]]
+            if best is None or gain > best[0]:
+                best = (gain, s.name, k)
+        if best is not None:
+            gain, name, k = best
+            why = f"measured {gain - 1:+.0%} there"
+        else:
+            name = obs.bottleneck()
+            spec = next((s for s in specs if s.name == name), None)
+            k = fs.scaling.probe_fewer(name, alloc[name]) if spec is not None else None
+            if k is None or k < spec.min_slots:
+                return None
+            why = "more slots measured slower: probing fewer"
+        new = dict(alloc)
+        new[name] = k
+        self.stats["moved_back"] += 1
+        fs.tick()
+        fs.note_action(alloc, new)
+        return new, f"{k - alloc[name]:+d} {name}: to {k} slots, {why} (capacity {fs.scaling.describe(name)})"
 
 
 class NoNetRunner(RLPolicyRunner):

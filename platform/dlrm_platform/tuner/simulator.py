@@ -43,13 +43,18 @@ class SimOp:
     ratio: float = 1.0        # output rows per input row
     sat: float | None = None  # effective slots saturate here (None: linear)
     lag: float = 0.0          # seconds before an added slot works
+    contention: float = 0.0   # USL coherency cost: n slots do n / (1 + contention * n * (n - 1)) slots' work
 
     def n_eff(self, n: float) -> float:
-        if self.sat is None or n <= 0:
-            return max(n, 0.0)
-        # smooth min(n, sat)
-        p = 6.0
-        return n / (1.0 + (n / self.sat) ** p) ** (1.0 / p)
+        if n <= 0:
+            return 0.0
+        eff = n
+        if self.sat is not None:  # smooth min(n, sat)
+            p = 6.0
+            eff = n / (1.0 + (n / self.sat) ** p) ** (1.0 / p)
+        if self.contention:  # past the peak, more slots deliver less (lock or cache contention)
+            eff /= 1.0 + self.contention * n * (n - 1.0)
+        return eff
 
 
 @dataclass
@@ -332,7 +337,7 @@ def from_profile(profile: dict, rng: np.random.Generator | None = None, jitter: 
         if rng is not None and jitter > 0:
             mu *= float(np.exp(rng.uniform(-jitter, jitter)))
         ops.append(SimOp(o["name"], mu, float(o.get("num_cpus", 1.0)), float(o.get("element_ratio", 1.0)),
-                         o.get("sat"), float(o.get("lag", 0.0))))
+                         o.get("sat"), float(o.get("lag", 0.0)), float(o.get("contention") or 0.0)))
     return SimPipeline(
         ops=ops,
         budget=float(profile["cpu_budget"]),

@@ -6,7 +6,9 @@ operators wait models a large machine faithfully, so that *allocation* decides
 throughput (ARCHITECTURE.md, "Modelling a large machine on 2 cores"). An operator may sit behind a storage service with a
 fixed number of channels (``storage_channels``): past that many concurrent
 tasks, more slots only wait longer - the sublinear scaling of real I/O that a
-linear per-core model does not predict. Costs can be changed while the
+linear per-core model does not predict - or behind a shared resource whose
+callers slow each other down (``contention``, a table behind one lock): past a
+peak, more slots deliver less. Costs can be changed while the
 pipeline runs (the "user history doubles" scenario) through a small control
 file that tasks re-read when it changes.
 
@@ -49,7 +51,18 @@ class SyntheticOperator(_Strict):
     concurrency: int = Field(1, ge=1, description="the static config's number of tasks")
     element_ratio: float = Field(1.0, gt=0, le=1.0, description="output rows per input row")
     storage_channels: int | None = Field(None, ge=1, description="concurrent I/O channels behind this operator")
+    contention: float = Field(0.0, ge=0, le=1, description=(
+        "coherency cost per pair of concurrent tasks (USL kappa): n concurrent tasks do the work of"
+        " n / (1 + contention * n * (n - 1)), so past a peak more tasks deliver less"))
     what: str = ""
+
+
+    @model_validator(mode="after")
+    def _one_service(self) -> SyntheticOperator:
+        if self.storage_channels and self.contention:
+            raise ValueError(f"operator {self.name}: storage_channels and contention model two different "
+                             "services; give it one of them")
+        return self
 
 
 class ClusterSpec(_Strict):
@@ -106,6 +119,7 @@ class PipelineDef(_Strict):
                     # own output rows per busy slot-second
                     "rate_per_slot": 1e6 * o.element_ratio / o.ms_per_1k_rows,
                     "sat": o.storage_channels,
+                    "contention": o.contention,
                 }
                 for o in self.operators
             ],
@@ -167,6 +181,32 @@ class _Storage:
         time.sleep(seconds)
 
 
+class _ContendedService:
+    """A shared resource whose callers slow each other down (a table behind one lock): a call of
+    ``seconds`` of work progresses at 1 / (1 + kappa * n * (n - 1)) while n calls are in (USL)."""
+
+    def __init__(self, kappa: float):
+        import threading
+
+        self.kappa = kappa
+        self.active = 0
+        self.lock = threading.Lock()
+
+    def io(self, seconds: float) -> None:
+        with self.lock:
+            self.active += 1
+        try:
+            done = 0.0
+            while done < seconds:
+                with self.lock:
+                    n = self.active
+                time.sleep(0.005)
+                done += 0.005 / (1.0 + self.kappa * n * (n - 1))
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
 _STORAGE_HANDLES: dict[str, Any] = {}  # named actors live while their handle does
 
 
@@ -175,6 +215,15 @@ def start_storage(name: str, channels: int):
 
     cls = ray.remote(num_cpus=0, max_concurrency=channels)(_Storage)
     handle = cls.options(name=name, namespace=STORAGE_NAMESPACE, get_if_exists=True).remote()
+    _STORAGE_HANDLES[name] = handle
+    return handle
+
+
+def start_contended(name: str, kappa: float):
+    import ray
+
+    cls = ray.remote(num_cpus=0, max_concurrency=256)(_ContendedService)
+    handle = cls.options(name=name, namespace=STORAGE_NAMESPACE, get_if_exists=True).remote(kappa)
     _STORAGE_HANDLES[name] = handle
     return handle
 
@@ -254,6 +303,9 @@ def build_dataset(
         if op.storage_channels:
             storage = f"{storage_prefix}-{op.name}"
             start_storage(storage, op.storage_channels)
+        elif op.contention:
+            storage = f"{storage_prefix}-{op.name}"
+            start_contended(storage, op.contention)
         fn = _make_op_fn(op, pipe.rows_per_block, row_floats, str(control_file) if control_file else None,
                          storage, first=(i == 0))
         if isinstance(strategies[op.name], ActorPoolStrategy):

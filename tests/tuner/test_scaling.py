@@ -1,0 +1,131 @@
+"""The RL policy's memory of how each operator scaled (``tuner/scaling.py``), and what it buys on a
+pipeline whose operator slows down past a peak (the linear model's blind spot)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from dlrm_platform.tuner.rl import RLPolicyRunner
+from dlrm_platform.tuner.scaling import ScalingMemory
+from dlrm_platform.tuner.simulator import SimOp, SimPipeline, from_profile, run_controller_in_sim
+from dlrm_platform.tuner.sleep_pipelines import PipelineDef, _ContendedService
+from dlrm_platform.tuner.spec import TunerSpec
+
+
+def _measure(mem: ScalingMemory, name: str, slots: int, cap: float, times: int = 3) -> None:
+    for _ in range(times):
+        mem.record({name: slots}, {name: cap})
+
+
+def test_limit_is_where_more_slots_were_measured_not_to_pay():
+    mem = ScalingMemory(["a", "b"])
+    _measure(mem, "a", 4, 4000.0)
+    _measure(mem, "a", 8, 4100.0)  # twice the slots, +2.5%: saturated
+    _measure(mem, "b", 4, 4000.0)
+    _measure(mem, "b", 8, 7600.0)  # nearly linear
+    assert mem.limit("a") == 4
+    assert mem.limit("b") is None
+
+
+def test_better_and_probe_fewer_find_the_peak_of_a_retrograde_operator():
+    mem = ScalingMemory(["a"])
+    _measure(mem, "a", 12, 3000.0)
+    assert mem.better("a", 12, 0.1) is None and mem.probe_fewer("a", 12) is None  # no evidence either way
+    _measure(mem, "a", 6, 5000.0, times=1)  # where it ran before the move
+    assert mem.better("a", 12, 0.1) == 6  # fewer slots measured 67% more
+    mem2 = ScalingMemory(["a"])
+    _measure(mem2, "a", 17, 3500.0)
+    _measure(mem2, "a", 10, 5000.0)
+    assert mem2.probe_fewer("a", 10) == 7  # more slots measured less, nothing measured in 7..9: try 7
+    _measure(mem2, "a", 7, 5600.0)
+    assert mem2.probe_fewer("a", 7) == 5
+    assert mem2.better("a", 10, 0.1) == 7
+
+
+def test_the_operator_running_now_needs_several_measurements_before_it_is_compared():
+    mem = ScalingMemory(["a"])
+    _measure(mem, "a", 4, 5000.0, times=1)
+    _measure(mem, "a", 8, 3000.0, times=1)  # one window right after a move reads low
+    assert mem.better("a", 8, 0.1) is None
+    _measure(mem, "a", 8, 3000.0, times=2)
+    assert mem.better("a", 8, 0.1) == 4
+
+
+def test_a_cost_shift_forgets_the_operators_curve():
+    mem = ScalingMemory(["a"])
+    _measure(mem, "a", 4, 4000.0)
+    _measure(mem, "a", 8, 4100.0)
+    assert mem.limit("a") == 4
+    mem.record({"a": 8}, {"a": 2000.0})  # its cost doubled: what it measured before is stale
+    assert mem.limit("a") is None and list(mem.curves["a"]) == [8]
+
+
+def test_points_expire():
+    mem = ScalingMemory(["a"], horizon=5)
+    _measure(mem, "a", 4, 4000.0)
+    for _ in range(6):
+        mem.record({"a": 8}, {"a": 4100.0})
+    assert 4 not in mem.curves["a"]
+
+
+def _contended_pipeline() -> SimPipeline:
+    # a 2-CPU-budget-rich pipeline whose middle operator peaks at 5 slots (USL kappa 0.04)
+    return SimPipeline([SimOp("read", 10_000.0), SimOp("lookup", 2500.0, contention=0.04), SimOp("pack", 20_000.0)],
+                       budget=24.0, noise=0.06, lumpy=True)
+
+
+def test_usl_capacity_peaks_and_falls():
+    op = _contended_pipeline().ops[1]
+    effective = [op.n_eff(n) for n in range(1, 13)]
+    assert int(np.argmax(effective)) + 1 == 5 and effective[-1] < 0.75 * max(effective)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rl_finds_the_peak_the_linear_model_overshoots(seed):
+    pipe = _contended_pipeline()
+    _, optimum = pipe.optimum()
+    shipped = RLPolicyRunner.load()
+    linear = RLPolicyRunner(shipped.net, shipped.meta)
+    linear.scaling_margin = None
+    share = {}
+    for label, runner in (("memory", RLPolicyRunner(shipped.net, shipped.meta)), ("linear", linear)):
+        key = runner.register(f"<test-scaling-{label}-{seed}>")
+        spec = TunerSpec(f"scaling-{label}-{seed}", "rl", pipe.budget, pipe.specs({"read": 1, "lookup": 3, "pack": 1}),
+                         policy_path=key)
+        trace = run_controller_in_sim(_contended_pipeline(), spec, steps=80, seed=seed)
+        share[label] = float(np.mean([x["throughput"] for x in trace[-20:]])) / optimum
+    assert share["linear"] < 0.8, share  # the linear model keeps adding slots past the peak
+    assert share["memory"] >= 0.9, share
+
+
+def test_contention_is_a_pipeline_field_the_simulator_reads():
+    pipe = PipelineDef.model_validate({"name": "p", "operators": [
+        {"name": "read", "ms_per_1k_rows": 100},
+        {"name": "lookup", "ms_per_1k_rows": 400, "contention": 0.04}]})
+    sim = from_profile(pipe.ground_truth())
+    assert sim.ops[1].contention == 0.04 and sim.ops[0].contention == 0.0
+    with pytest.raises(ValidationError, match="storage_channels and contention"):
+        PipelineDef.model_validate({"name": "p", "operators": [
+            {"name": "read", "ms_per_1k_rows": 100, "storage_channels": 4, "contention": 0.1}]})
+
+
+def test_the_live_contended_service_slows_concurrent_callers_down():
+    svc = _ContendedService(kappa=0.5)
+    start = time.perf_counter()
+    svc.io(0.05)
+    alone = time.perf_counter() - start
+    threads = [threading.Thread(target=svc.io, args=(0.05,)) for _ in range(4)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    together = time.perf_counter() - start
+    # 4 callers: each progresses at 1 / (1 + 0.5 * 4 * 3) = 1/7 of the rate alone
+    assert together > 3 * alone, (alone, together)
+    assert svc.active == 0
