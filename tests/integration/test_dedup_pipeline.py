@@ -156,6 +156,36 @@ def test_job_pipeline_trains_every_sample_exactly_once_per_epoch(ray_cluster, fl
     assert rep2 is not None and rep2.splits["train"].samples == _rows(train)
 
 
+def test_jobs_started_together_convert_once_and_read_a_whole_copy(tmp_path):
+    """Several jobs on the same fresh data (the job service starts them together): one converts, the
+    others wait for it and reuse its copy; none finds a file of its copy gone (each used to convert
+    and replace the directory under the others' readers)."""
+    import threading
+
+    root = tmp_path / "data"
+    train = _write_flat(root / "train", 30, 2, seed=5, max_len=10)
+    eval_ = _write_flat(root / "eval", 5, 1, seed=6, max_len=10)
+    job = _job(root)
+    results, errors = [], []
+
+    def one_job() -> None:
+        try:
+            ds, report = dedup_convert.ensure_dedup_dataset(job, train, eval_)
+            shards = ds.shards(job.data.train_split)
+            results.append((report is not None, [Path(p).stat().st_size for pair in shards for p in pair]))
+        except Exception as err:  # noqa: BLE001 - collected for the assertion
+            errors.append(err)
+
+    threads = [threading.Thread(target=one_job) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sum(converted for converted, _ in results) == 1
+    assert len({tuple(sizes) for _, sizes in results}) == 1
+
+
 @pytest.mark.slow
 def test_dedup_job_trains_end_to_end_and_logs_dedup_metrics(ray_cluster, tmp_path):
     from mlflow.tracking import MlflowClient

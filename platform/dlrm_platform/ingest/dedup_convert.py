@@ -13,6 +13,8 @@ A job with ``ingest.dedup`` on converts its flat dataset on first use into
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -20,7 +22,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -477,18 +479,33 @@ def ensure_dedup_dataset(job: JobConfig, train_files: Sequence[str | Path], eval
     out_dir = Path(out_dir) if out_dir else default_dedup_dir(job.data.path)
     splits = {job.data.train_split: list(train_files), job.data.eval_split: list(eval_files)}
     fingerprint = source_fingerprint(columns, splits)
-    if is_complete(out_dir) and (out_dir / MANIFEST_FILE).is_file():
+    # Jobs started together on the same data (the job service runs several at once) would each
+    # convert and replace the directory under the others' readers: one converts, the rest reuse.
+    with _conversion_lock(out_dir):
+        if is_complete(out_dir) and (out_dir / MANIFEST_FILE).is_file():
+            try:
+                ds = DedupDataset.open(out_dir)
+                if ds.manifest.get("source_fingerprint") == fingerprint:
+                    log.info("reusing the dedup dataset %s", out_dir)
+                    return ds, None
+            except UserError:
+                pass
+            log.info("the dedup dataset %s is stale: converting again", out_dir)
+        log.info("converting %s into the dedup format at %s", job.data.path, out_dir)
+        report = convert_to_dedup(columns, splits, out_dir, overwrite=True)
+        return DedupDataset.open(out_dir), report
+
+
+@contextlib.contextmanager
+def _conversion_lock(out_dir: Path) -> Iterator[None]:
+    """An exclusive lock (``flock`` on a sibling file) held while a dedup copy is checked and written."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.with_name(f".{out_dir.name}.lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
         try:
-            ds = DedupDataset.open(out_dir)
-            if ds.manifest.get("source_fingerprint") == fingerprint:
-                log.info("reusing the dedup dataset %s", out_dir)
-                return ds, None
-        except UserError:
-            pass
-        log.info("the dedup dataset %s is stale: converting again", out_dir)
-    log.info("converting %s into the dedup format at %s", job.data.path, out_dir)
-    report = convert_to_dedup(columns, splits, out_dir, overwrite=True)
-    return DedupDataset.open(out_dir), report
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # =========================================================================== session blocks
