@@ -296,6 +296,9 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
         "peak_object_store_bytes": max((t["mem_used"] for t in ticks), default=0.0),
         "final_allocation": summary.get("final_allocation"),
         "decisions": summary.get("decisions"),
+        # each move and the policy's own account of it (bottleneck, expected gain, measured scaling)
+        "moves": [{"elapsed_s": t.get("elapsed"), "change": t["decision"], "why": t.get("policy_state")}
+                  for t in ticks if t.get("decision")],
         "tuner_ticks": len(ticks),
         "first_row_s": float(ts[0]) if len(ts) else None,
         "trace": [[round(float(g), 1), round(float(v), 1)] for g, v in zip(*moving_average(ts, rows, 5.0))],

@@ -129,3 +129,33 @@ def test_the_live_contended_service_slows_concurrent_callers_down():
     # 4 callers: each progresses at 1 / (1 + 0.5 * 4 * 3) = 1/7 of the rate alone
     assert together > 3 * alone, (alone, together)
     assert svc.active == 0
+
+
+def _obs(caps: dict[str, float], alloc: dict[str, int]):
+    from dlrm_platform.tuner.observe import Observation, OpObs
+
+    thr = min(caps.values())
+    ops = [OpObs(n, alloc[n], 1.0, thr, caps[n] / alloc[n], 1.0, alloc[n] * 0.9, 0.9, 0.0, 2.0, 1e6,
+                 capacity=caps[n], measured=True) for n in alloc]
+    return Observation(10.0, 3.0, ops, thr, 1e7, 1e9, 0.0, 16.0, extra={"sink_factors": [1.0] * len(ops)})
+
+
+def test_rl_moves_back_where_fewer_slots_measured_faster_and_says_why():
+    from dlrm_platform.tuner.features import FeatureState
+    from dlrm_platform.tuner.spec import OpSpec
+
+    specs = [OpSpec("read", 1.0), OpSpec("lookup", 1.0), OpSpec("pack", 1.0)]
+    fs = FeatureState([s.name for s in specs])
+    _measure(fs.scaling, "lookup", 5, 7000.0, times=1)  # where it ran before the last move
+    alloc = {"read": 2, "lookup": 10, "pack": 2}
+    caps = {"read": 20_000.0, "lookup": 4000.0, "pack": 30_000.0}
+    runner = RLPolicyRunner.load()
+    new, why = None, ""
+    for _ in range(3):  # the operator's current count is compared once measured 3 times
+        new, why = runner.act(_obs(caps, alloc), alloc, specs, 16.0, fs)
+        if new is not None:
+            break
+    assert new == {"read": 2, "lookup": 5, "pack": 2}, why
+    assert why.startswith("-5 lookup: to 5 slots, measured +75% there"), why
+    # and it does not grow the lookup past 5 again: more was measured not to pay
+    assert fs.scaling.limit("lookup") == 5

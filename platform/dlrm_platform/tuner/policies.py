@@ -567,7 +567,7 @@ class AutoPolicy(Policy):
       is built (``ingest.pipeline.fused_operator`` sizes it to the data CPUs), so it holds
       the config's numbers, as ``static`` does, and says so.
     * Several operators (``ingest.fusion: off``): ``plumber``. On held-out simulated pipelines
-      it reaches 0.986 of the optimum against 0.968 for ``rl``, and live it ties ``rl`` on the
+      it reaches 0.986 of the optimum against 0.966 for ``rl``, and live it ties ``rl`` on the
       benchmark pipeline: within the noise both times, and each of its moves comes from a
       model (the LP) whose prediction is the decision's explanation.
     * An epoch the epoch cache replays runs no pipeline: there is nothing to steer, and the

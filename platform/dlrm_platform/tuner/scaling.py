@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 
 
 class ScalingMemory:
-    def __init__(self, names: Sequence[str], horizon: int = 120, shift_tolerance: float = 0.3,
+    def __init__(self, names: Sequence[str], horizon: int = 30, shift_tolerance: float = 0.3,
                  share_of_linear_gain: float = 0.25, min_measurements: int = 1,
-                 now_measurements: int = 3):
+                 now_measurements: int = 3, drop: float = 0.1):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements)
         self.curves: dict[str, dict[int, tuple[float, int, int]]] = {n: {} for n in names}
         self.horizon = horizon
@@ -40,6 +40,8 @@ class ScalingMemory:
         #: a point is trusted once measured this often; the one an operator runs at, when compared
         self.min_measurements = min_measurements
         self.now_measurements = now_measurements
+        #: a larger count measured fewer times than that must have measured this much less
+        self.drop = drop
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None]) -> None:
@@ -70,9 +72,14 @@ class ScalingMemory:
         (None: no such evidence)."""
         curve = self.settled(name)
         counts = self.curves.get(name, {})
+
+        def did_not_pay(k: int, k2: int) -> bool:
+            if counts[k2][2] >= self.now_measurements:
+                return curve[k2] < curve[k] * (1.0 + self.share_of_linear_gain * (k2 / k - 1.0))
+            return curve[k2] < curve[k] * (1.0 - self.drop)  # fewer measurements: only a clear drop counts
+
         for k in sorted(curve):
-            if any(k2 > k and counts[k2][2] >= self.now_measurements
-                   and curve[k2] < curve[k] * (1.0 + self.share_of_linear_gain * (k2 / k - 1.0)) for k2 in curve):
+            if any(k2 > k and did_not_pay(k, k2) for k2 in curve):
                 return k
         return None
 
