@@ -122,7 +122,7 @@ SHIFT_AT, WITHIN = 45, 30
 
 # rl held at (4, 6, 3), 0.8 of the new optimum, in every seed while it moved one slot per move
 # (marked xfail then); growing as far as the measured rates say each slot pays, it recovers.
-@pytest.mark.parametrize("policy", ["plumber", "hill_climb", "rl"])
+@pytest.mark.parametrize("policy", ["plumber", "hill_climb", "rl", "auto"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_policies_re_adapt_to_a_cost_shift(policy, seed):
     # a's cost rises 8x at tick 45: the allocation that suited a cheap a, (1, 8, 4) for plumber,

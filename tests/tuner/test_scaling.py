@@ -30,6 +30,8 @@ def test_limit_is_where_more_slots_were_measured_not_to_pay():
     _measure(mem, "b", 8, 7600.0)  # nearly linear
     assert mem.limit("a") == 4
     assert mem.limit("b") is None
+    _measure(mem, "b", 16, 7000.0)  # the next step up, 8 -> 16, did not pay: 8 it is, though 16 > 4
+    assert mem.limit("b") == 8
 
 
 def test_better_and_probe_fewer_find_the_peak_of_a_retrograde_operator():
@@ -159,3 +161,18 @@ def test_rl_moves_back_where_fewer_slots_measured_faster_and_says_why():
     assert why.startswith("-5 lookup: to 5 slots, measured +75% there"), why
     # and it does not grow the lookup past 5 again: more was measured not to pay
     assert fs.scaling.limit("lookup") == 5
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_auto_keeps_plumbers_lp_within_the_slots_measured_to_pay(seed):
+    """`plumber` (the baseline, linear) pours slots into the contended lookup; `auto` runs the same LP
+    capped where more slots were measured not to pay."""
+    pipe = _contended_pipeline()
+    _, optimum = pipe.optimum()
+    share = {}
+    for policy in ("plumber", "auto"):
+        spec = TunerSpec(f"lp-{policy}-{seed}", policy, pipe.budget, pipe.specs({"read": 1, "lookup": 3, "pack": 1}))
+        trace = run_controller_in_sim(_contended_pipeline(), spec, steps=100, seed=seed)
+        share[policy] = float(np.mean([x["throughput"] for x in trace[-30:]])) / optimum
+    assert share["plumber"] < 0.8, share
+    assert share["auto"] >= 0.9, share

@@ -68,8 +68,8 @@ class ScalingMemory:
         return {k: v[0] for k, v in self.curves.get(name, {}).items() if v[2] >= self.min_measurements}
 
     def limit(self, name: str) -> int | None:
-        """The fewest slots ``k`` of ``name`` from which a larger count was measured and did not pay
-        (None: no such evidence)."""
+        """The slots ``k`` of ``name`` from which the next larger count measured did not pay (the
+        first such step up; None: no such evidence)."""
         curve = self.settled(name)
         counts = self.curves.get(name, {})
 
@@ -78,8 +78,9 @@ class ScalingMemory:
                 return curve[k2] < curve[k] * (1.0 + self.share_of_linear_gain * (k2 / k - 1.0))
             return curve[k2] < curve[k] * (1.0 - self.drop)  # fewer measurements: only a clear drop counts
 
-        for k in sorted(curve):
-            if any(k2 > k and did_not_pay(k, k2) for k2 in curve):
+        ks = sorted(curve)
+        for k, k2 in zip(ks, ks[1:]):  # measured counts in order: the first step up that did not pay
+            if did_not_pay(k, k2):
                 return k
         return None
 
