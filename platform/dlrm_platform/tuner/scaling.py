@@ -29,16 +29,14 @@ from collections.abc import Mapping, Sequence
 
 class ScalingMemory:
     def __init__(self, names: Sequence[str], horizon: int = 30, shift_tolerance: float = 0.3,
-                 share_of_linear_gain: float = 0.25, min_measurements: int = 1,
-                 now_measurements: int = 3, drop: float = 0.1):
+                 share_of_linear_gain: float = 0.25, now_measurements: int = 3, drop: float = 0.1):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements)
         self.curves: dict[str, dict[int, tuple[float, int, int]]] = {n: {} for n in names}
         self.horizon = horizon
         self.shift_tolerance = shift_tolerance
         #: growing from k to k2 slots "pays" when it adds this share of the linear model's gain
         self.share_of_linear_gain = share_of_linear_gain
-        #: a point is trusted once measured this often; the one an operator runs at, when compared
-        self.min_measurements = min_measurements
+        #: the count an operator runs at is compared once measured this often
         self.now_measurements = now_measurements
         #: a larger count measured fewer times than that must have measured this much less
         self.drop = drop
@@ -58,23 +56,27 @@ class ScalingMemory:
             for old in [j for j, (_, t, _) in curve.items() if self.step - t > self.horizon]:
                 del curve[old]
             seen = curve.get(k)
-            if seen is not None and seen[2] >= self.min_measurements and abs(cap / seen[0] - 1.0) > self.shift_tolerance:
+            if seen is not None and abs(cap / seen[0] - 1.0) > self.shift_tolerance:
                 curve.clear()  # its cost changed: the rest of its curve is stale too
                 seen = None
             curve[k] = (cap, self.step, 1) if seen is None else (0.5 * (seen[0] + cap), self.step, seen[2] + 1)
 
     def settled(self, name: str) -> dict[int, float]:
-        """Slot count -> capacity, for the points measured at least ``min_measurements`` times."""
-        return {k: v[0] for k, v in self.curves.get(name, {}).items() if v[2] >= self.min_measurements}
+        """Slot count -> capacity, for every point recorded (each one measured steady)."""
+        return {k: v[0] for k, v in self.curves.get(name, {}).items()}
+
+    def _measured_often(self, name: str, k: int) -> bool:
+        """``k`` measured ``now_measurements`` times: the count an operator runs at is measured again
+        every window, so it is compared only once its figure is steadier."""
+        return self.curves.get(name, {}).get(k, (0.0, 0, 0))[2] >= self.now_measurements
 
     def limit(self, name: str) -> int | None:
         """The slots ``k`` of ``name`` from which the next larger count measured did not pay (the
         first such step up; None: no such evidence)."""
         curve = self.settled(name)
-        counts = self.curves.get(name, {})
 
         def did_not_pay(k: int, k2: int) -> bool:
-            if counts[k2][2] >= self.now_measurements:
+            if self._measured_often(name, k2):
                 return curve[k2] < curve[k] * (1.0 + self.share_of_linear_gain * (k2 / k - 1.0))
             return curve[k2] < curve[k] * (1.0 - self.drop)  # fewer measurements: only a clear drop counts
 
@@ -87,18 +89,18 @@ class ScalingMemory:
     def better(self, name: str, now: int, margin: float) -> int | None:
         """The slot count that measured the most capacity, if it beat the capacity at ``now`` by more
         than ``margin`` (None otherwise, or while ``now`` is not measured)."""
+        if not self._measured_often(name, now):
+            return None
         curve = self.settled(name)
-        if self.curves.get(name, {}).get(now, (0, 0, 0))[2] < self.now_measurements:
-            return None  # where it runs now is measured again every window: wait for a steadier figure
         best = max(curve, key=curve.get)
         return best if curve[best] > curve[now] * (1.0 + margin) else None
 
     def probe_fewer(self, name: str, now: int, share: float = 0.7) -> int | None:
         """Where more slots than ``now`` measured *less* capacity (its tasks slow each other down) and
         nothing between ``share * now`` and ``now`` is measured: that many slots, to find the peak."""
-        curve = self.settled(name)
-        if self.curves.get(name, {}).get(now, (0, 0, 0))[2] < self.now_measurements:
+        if not self._measured_often(name, now):
             return None
+        curve = self.settled(name)
         if not any(k2 > now and curve[k2] < curve[now] for k2 in curve):
             return None
         target = max(1, math.ceil(now * share))
