@@ -237,6 +237,7 @@ def run_job(overrides: list[str], epochs: int, workdir: Path, label: str) -> dic
         "first_batch_latency_s": [e["first_batch_latency_s"] for e in s.get("epochs", [])],
         "epoch_source": [e["source"] for e in s.get("epochs", [])],
         "pipeline": s.get("pipeline", ""),
+        "tuner": s.get("tuner", {}),  # the policy's account: decisions, final allocation
         "wall_s": time.perf_counter() - start,
     }
 

@@ -45,11 +45,18 @@ operator's output rows per occupied slot-second, the best any run measured for i
 preprocessing pipeline; ``storage_saturated``, where the read sits behind 3 storage channels so a
 linear per-slot model over-predicts it; ``wide_skewed``, eight operators with costs 50x apart, a
 filter and a 2-CPU operator; ``contended_lookup``, whose lookup slows down past 5 concurrent tasks),
+then, live, the real job pipelines (``--jobs demo,criteo_shaped``): the train pipeline of a
+``dlrm-platform run`` job with ``tuner.policy`` set to each policy, built as the job builds it (fused under
+``static`` and ``auto``, split under the policies that steer operators one by one), run alone epoch after
+epoch for ``--job-pipeline-s`` against its own oracle (static configurations of the fused and the split
+pipeline, and every policy's final task counts as a static one; the best two measured again), and each
+policy's 2-epoch jobs for the data-wait fraction and the job's samples/s (``benchmarks/tuner_job.py``), and
 then prints rl's samples/s over each baseline's per pipeline and the
 geometric means over the suite, against the targets (``SUITE_TARGETS``): rl >= 0.95x the oracle
 on every pipeline, its geometric mean >= 1.05x plumber's and >= 1.3x ray_default's (live only:
-Ray's allocator is not simulated). With ``--sim-only`` it takes a minute; live, each pipeline
-takes as long as one comparison.
+Ray's allocator is not simulated). With ``--sim-only`` it takes a minute (no job pipelines); live, each
+synthetic pipeline takes as long as one comparison and each job pipeline ~15 min (``--no-synthetic``: the
+job pipelines alone).
 
 ``--ablation`` asks whether the learned part of ``rl`` earns its place. The ``rl`` policy
 is its network behind two rules (the evidence gate and the shield, ``tuner/README.md``);
@@ -724,6 +731,45 @@ def compare(pipe: PipelineDef, policies: list[str], args, kinds: list[str]) -> d
     return report
 
 
+# --------------------------------------------------------------------------- the real job pipelines
+
+JOB_PIPELINES = ("demo", "criteo_shaped")
+
+
+def _tuner_job():
+    """``benchmarks/tuner_job.py`` as a module (by path, as it loads this one)."""
+    import importlib.util
+
+    name = "_bench_tuner_job"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "tuner_job.py")
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def job_pipeline_report(dataset: str, policies: list[str], args) -> dict:
+    """Every policy on a real job pipeline (``dataset``: the demo's sessions, or Criteo-shaped ones), its
+    operators as ``dlrm-platform run`` builds them under each policy (fused under ``static`` and ``auto``,
+    split under the policies that steer operators one by one): the train pipeline alone for
+    ``--job-pipeline-s`` against the pipeline oracle (static configurations and every policy's final task
+    counts, the best re-measured: ``tuner_job.pipeline_comparison``), then the policy's 2-epoch jobs for
+    the data-wait fraction (``local`` in the report: one machine, real Ray)."""
+    tj = _tuner_job()
+    job_policies = tuple(p for p in tj.JOB_POLICIES if p in policies or p == "auto")
+    job_args = argparse.Namespace(samples=args.job_samples, pipeline_s=args.job_pipeline_s,
+                                  policy_reps=args.job_policy_reps)
+    workdir = Path(args.job_workdir or tempfile.mkdtemp(prefix="dlrm-tuner-suite-")) / dataset
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"\n== job:{dataset}: policies {', '.join(job_policies)} on the job's own pipeline", flush=True)
+    rep = tj.suite_entry(dataset, job_policies, job_args, workdir)
+    tj.print_suite_entry(f"job:{dataset}", rep)
+    return {"pipeline": f"job:{dataset}",
+            "local": {"throughput": rep["throughput"], "data_wait": rep["data_wait"],
+                      "job_samples_per_s": rep["job_samples_per_s"], "oracle_check": rep["oracle_check"],
+                      "raw": rep}}
+
+
 # The issue's targets over the suite: rl against the oracle on every pipeline, and its geometric mean
 # over the pipelines against plumber's and Ray Data's own autoscaling.
 SUITE_TARGETS = {"rl_vs_oracle_min": 0.95, "rl_vs_plumber_geomean": 1.05, "rl_vs_ray_default_geomean": 1.3}
@@ -799,6 +845,16 @@ def main(argv=None) -> int:
     ap.add_argument("--suite", action="store_true",
                     help="every pipeline under benchmarks/pipelines/ (instead of --pipeline), then rl's ratios to"
                     " each baseline per pipeline and their geometric means, against the targets")
+    ap.add_argument("--jobs", default=",".join(JOB_PIPELINES),
+                    help="--suite: the real job pipelines to include (comma-separated, of "
+                         f"{','.join(JOB_PIPELINES)}; empty: none); live only")
+    ap.add_argument("--no-synthetic", dest="synthetic", action="store_false",
+                    help="--suite: only the real job pipelines (--jobs)")
+    ap.add_argument("--job-samples", type=int, default=160_000, help="samples per real job dataset (demo: 160k)")
+    ap.add_argument("--job-policy-reps", type=int, default=2, help="jobs per policy on each real pipeline")
+    ap.add_argument("--job-pipeline-s", type=float, default=30.0,
+                    help="seconds each policy and oracle candidate runs a real job's pipeline alone")
+    ap.add_argument("--job-workdir", type=Path, help="the real jobs' data and runs (default: a temporary directory)")
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                     help="skip the overhead-ceiling run (the pipeline with operators that cost nothing)")
     args = ap.parse_args(argv)
@@ -829,11 +885,14 @@ def main(argv=None) -> int:
         kinds = []
     if args.suite:
         reports = {}
-        for path in sorted((ROOT / "benchmarks" / "pipelines").glob("*.yaml")):
+        for path in sorted((ROOT / "benchmarks" / "pipelines").glob("*.yaml")) if args.synthetic else []:
             pipe = load_pipeline(path)
             pipe_args = argparse.Namespace(**{**vars(args), "plot_dir": args.plot_dir / pipe.name})
             pipe_args.plot_dir.mkdir(parents=True, exist_ok=True)
             reports[pipe.name] = compare(pipe, policies, pipe_args, kinds)
+        jobs = [] if args.sim_only else [d.strip() for d in args.jobs.split(",") if d.strip()]
+        for dataset in jobs:  # not simulated: their operators are the platform's own
+            reports[f"job:{dataset}"] = job_pipeline_report(dataset, policies, args)
         out = {"suite": suite_summary(reports), "pipelines": reports,
                "load_average_at_start": report["load_average_at_start"]}
         print_suite(out["suite"])
@@ -848,12 +907,12 @@ def main(argv=None) -> int:
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(out, indent=1, default=str))
         print(f"\nwrote {args.json_path}")
-    failed = [(f"{name}, {kind}", v) for name, r in reports.items() for kind in kinds
-              for v in r[kind]["oracle_check"]["violations"]]
+    failed = [(f"{name}, {kind}", v["message"]) for name, r in reports.items() for kind in kinds
+              for v in r.get(kind, {}).get("oracle_check", {}).get("violations", [])]
     if failed:
         print("\nFAILED RUN: the oracle is not an upper bound on this run:", file=sys.stderr)
-        for where, v in failed:
-            print(f"  [{where}] {v['message']}", file=sys.stderr)
+        for where, message in failed:
+            print(f"  [{where}] {message}", file=sys.stderr)
         return 1
     return 0
 

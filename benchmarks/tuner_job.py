@@ -1,7 +1,7 @@
 """The tuner on the real job: `auto` against the best static pass configuration a bounded search finds.
 
     .venv/bin/python benchmarks/tuner_job.py [--dataset demo|criteo_shaped] [--reps 2] [--json PATH]
-        [--workdir DIR] [--quick]
+        [--workdir DIR] [--quick] [--policies static,ray_default,plumber,hill_climb,rl,auto]
 
 The per-operator tuner steers concurrency inside one execution; what else decides
 a real job's data wait is set per pass: fusion, samples per block, the fused
@@ -17,6 +17,15 @@ moves inside a pass):
   3. the best three by mean data-wait, measured ``--final-reps`` more times,
      interleaved with ``auto`` (the platform's default policy and settings),
      so the two share the machine's load.
+
+With ``--policies`` (what ``benchmarks/tuner.py --suite`` runs on its job pipelines), each
+policy also runs jobs (``tuner.policy``: fused under ``static`` and ``auto``, split under the
+policies that steer operators one by one): once before the finalists are drawn, where the task
+counts a split-pipeline policy ended at join the finalists as a static configuration (the oracle
+must match every policy's final allocation, by construction), then interleaved with the finalists
+up to ``--policy-reps`` runs. Each policy's samples/s is reported over the throughput oracle's (the
+finalist with the highest mean samples/s), with its data-wait; a policy whose mean samples/s
+exceeds the oracle's by more than the two 95% half-widths fails the run.
 
 The oracle is the finalist with the lowest mean data-wait over all its runs.
 The check: ``auto``'s mean data-wait must not exceed the oracle's by more than
@@ -37,6 +46,7 @@ import importlib.util
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +68,8 @@ def _sibling(script: str):
 
 
 ingest_bench = _sibling("ingest")  # the job runner and the datasets
-mean_ci = _sibling("tuner").mean_ci  # the Student t interval of the tuner benchmark
+tuner_bench = _sibling("tuner")
+mean_ci = tuner_bench.mean_ci  # the Student t interval of the tuner benchmark
 
 # Each knob: its alternatives to the default, as `--set` overrides. The default of every knob is the
 # platform's own (what `auto` runs with); the fused operator's default is 2 tasks of 0.5 CPU on the
@@ -134,7 +145,40 @@ class JobSearch:
         return summarise_runs(label, self.overrides[label], self.runs[label])
 
 
-def search(s: JobSearch, reps: int, final_reps: int, auto_reps: int) -> dict[str, Any]:
+# The per-operator policies a job can run (`tuner.policy`), as the suite compares them on the real pipelines.
+# `static` is the default configuration itself; `oracle` is this search.
+JOB_POLICIES = ("static", "ray_default", "plumber", "hill_climb", "rl", "auto")
+
+
+def policy_label(policy: str) -> str:
+    return {"static": DEFAULT_LABEL, "auto": AUTO_LABEL}.get(policy, f"policy: {policy}")
+
+
+def policy_overrides(policy: str) -> list[str]:
+    return [] if policy == "auto" else [f"tuner.policy={policy}"]
+
+
+def final_as_static(run: dict[str, Any]) -> list[str] | None:
+    """A split pipeline's final task counts (``run``'s tuner account) as a static configuration, for the oracle
+    to measure; None when the policy ran the fused operator (its count is one of the searched knobs) or left
+    no allocation (``ray_default`` only observes)."""
+    final = (run.get("tuner") or {}).get("final_allocation")
+    if not final or not str(run.get("pipeline", "")).startswith("split"):
+        return None
+    return STATIC + ["ingest.fusion=off"] + [f"ingest.operators.{op}.concurrency={int(n)}"
+                                             for op, n in sorted(final.items())]
+
+
+def search(s: JobSearch, reps: int, final_reps: int, auto_reps: int, policies: tuple[str, ...] = (),
+           policy_reps: int = 2) -> dict[str, Any]:
+    """The coordinate search, then its finalists measured again interleaved with ``auto`` and ``policies``.
+
+    With ``policies`` (besides ``static`` and ``auto``, which are the default configuration and ``auto``):
+    each runs a job once before the finalists are drawn, and the task counts each split-pipeline policy
+    ended at join the finalists as a static configuration ("final of <policy>"), so the oracle is at least
+    as good as each of them by construction; all of them then run ``policy_reps`` times in all,
+    interleaved with the finalists. The throughput oracle is the finalist with the highest mean samples/s.
+    """
     default = s.measure(DEFAULT_LABEL, STATIC, reps)
     best_per_knob: dict[str, str] = {}
     for knob, values in KNOBS.items():
@@ -149,19 +193,212 @@ def search(s: JobSearch, reps: int, final_reps: int, auto_reps: int) -> dict[str
     if len(best_per_knob) >= 2:
         combined = STATIC + [o for lb in best_per_knob.values() for o in s.overrides[lb] if o not in STATIC]
         s.measure("combined: " + " + ".join(best_per_knob.values()), combined, reps)
-    finalists = sorted(s.runs, key=lambda lb: s.result(lb)["data_wait"]["mean"])[:3]
-    ingest_bench.log(f"  finalists: {finalists}; measured again with auto, interleaved")
+    statics = list(s.runs)
+    steered = [p for p in policies if p not in ("static", "auto", "oracle")]
+    reproduced: list[str] = []
+    for p in steered:
+        run = s.measure(policy_label(p), policy_overrides(p), 1)["runs"][-1]
+        final = final_as_static(run)
+        if final is not None and final not in (s.overrides[lb] for lb in statics + reproduced):
+            reproduced.append(f"final of {p}")
+            s.overrides[reproduced[-1]] = final
+    by_wait = sorted(statics, key=lambda lb: s.result(lb)["data_wait"]["mean"])[:3]
+    by_sps = max(statics, key=lambda lb: s.result(lb)["samples_per_s"]["mean"])
+    finalists = by_wait + [lb for lb in [by_sps] + reproduced if lb not in by_wait]
+    ingest_bench.log(f"  finalists: {finalists}; measured again with auto"
+                     + (f" and {', '.join(steered)}" if steered else "") + ", interleaved")
     s.overrides[AUTO_LABEL] = []
-    for i in range(max(final_reps, auto_reps)):
+    # the reproduced allocations have not run yet: at least once each
+    rounds = {lb: max(final_reps, 1) if lb in reproduced else final_reps for lb in finalists}
+    for i in range(max([*rounds.values(), auto_reps, policy_reps if steered else 0])):
         for lb in finalists:
-            if i < final_reps:
+            if i < rounds[lb]:
                 s.measure(lb, s.overrides[lb], 1)
         if i < auto_reps:
             s.measure(AUTO_LABEL, [], 1)
+        for p in steered:
+            if len(s.runs[policy_label(p)]) < policy_reps:
+                s.measure(policy_label(p), policy_overrides(p), 1)
     oracle = min(finalists, key=lambda lb: s.result(lb)["data_wait"]["mean"])
     check = auto_check(s.result(AUTO_LABEL)["data_wait"], s.result(oracle)["data_wait"])
-    return {"configurations": {lb: s.result(lb) for lb in s.runs}, "best_per_knob": best_per_knob,
-            "finalists": finalists, "oracle": oracle, "check": check}
+    out = {"configurations": {lb: s.result(lb) for lb in s.runs}, "best_per_knob": best_per_knob,
+           "finalists": finalists, "oracle": oracle, "check": check}
+    if policies:
+        out.update(policy_comparison(s, finalists, policies))
+    return out
+
+
+def policy_comparison(s: JobSearch, finalists: list[str], policies: tuple[str, ...]) -> dict[str, Any]:
+    """Each policy's job samples/s and data-wait against the throughput oracle (the finalist with the highest
+    mean samples/s), and the oracle check of the synthetic suite: a policy whose mean samples/s exceeds the
+    oracle's by more than the two 95% half-widths combined makes the run a failed one."""
+    oracle = max(finalists, key=lambda lb: s.result(lb)["samples_per_s"]["mean"])
+    shown = [p for p in policies if p != "oracle"]
+    stats = {p: s.result(policy_label(p))["samples_per_s"] for p in shown if policy_label(p) in s.runs}
+    stats["oracle"] = s.result(oracle)["samples_per_s"]
+    o = stats["oracle"]["mean"]
+    return {
+        "throughput_oracle": oracle,
+        "throughput": {p: st["mean"] for p, st in stats.items()},
+        "data_wait": {**{p: s.result(policy_label(p))["data_wait"]["mean"] for p in stats if p != "oracle"},
+                      "oracle": s.result(oracle)["data_wait"]["mean"]},
+        "vs_oracle": {p: st["mean"] / o for p, st in stats.items() if p != "oracle"},
+        "oracle_check": tuner_bench.oracle_check(stats),
+    }
+
+
+# --------------------------------------------------------------------------- the pipeline alone, per policy
+
+# Static configurations of the job's train pipeline the pipeline oracle measures (besides every steering
+# policy's final task counts): the fused operator's tasks, and the split pipeline at the config's numbers.
+PIPELINE_STATICS: dict[str, list[str]] = {
+    "fused 2 x 0.5 CPU (default)": STATIC,
+    "fused 1 x 1.0 CPU": STATIC + ["ingest.fused={concurrency: 1, num_cpus: 1.0}"],
+    "fused 3 x 0.34 CPU": STATIC + ["ingest.fused={concurrency: 3, num_cpus: 0.34}"],
+    "fused 4 x 0.25 CPU": STATIC + ["ingest.fused={concurrency: 4, num_cpus: 0.25}"],
+    "split, config tasks": STATIC + ["ingest.fusion=off"],
+}
+PIPELINE_FINALISTS = 2  # the best static configurations measured again; the oracle is the best re-measurement
+
+
+def pipeline_under(overrides: list[str], seconds: float, workdir: Path, data_cpus: float = 1.0) -> dict[str, Any]:
+    """The job's train pipeline alone (no trainer), as ``dlrm-platform run`` builds it under ``overrides``
+    (its tuner policy steering it), epoch after epoch for ``seconds`` after a cold first epoch, on a fresh
+    2-CPU local cluster with ``data_cpus`` for Ray Data, consumed as the feed service consumes it. Returns
+    the samples/s of every epoch ending in the last 60% of the time (the steady state), their mean, and
+    the tuner's account (its final task counts). Runs in a child process: a tuner's controller lives for
+    its process."""
+    out = workdir / f"pipeline-{abs(hash((tuple(overrides), seconds)))}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--pipeline-run", json.dumps(overrides),
+           "--pipeline-s", str(seconds), "--data-cpus", str(data_cpus), "--json", str(out), "--workdir", str(workdir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pipeline run {overrides} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def _pipeline_run(overrides: list[str], seconds: float, workdir: Path, data_cpus: float) -> dict[str, Any]:
+    """In the child process: see :func:`pipeline_under`."""
+    import ray
+    from ray.data import DataContext, ExecutionOptions, ExecutionResources
+
+    from dlrm_platform.ingest.batching import packed_num_samples
+    from dlrm_platform.ingest.feed_blocks import bundle_block_refs
+    from dlrm_platform.ingest.source import validate_dataset
+    from dlrm_platform.tuner.job_pipelines import build_tuned_datasets
+
+    job = ingest_bench.load(overrides)
+    files = validate_dataset(job.data)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        DataContext.get_current().enable_progress_bars = False
+        DataContext.get_current().print_on_execution_start = False
+        datasets, handle = build_tuned_datasets(job, files, workdir / "quarantine", data_cpus)
+        ds = datasets.train
+        ds.context.execution_options = ExecutionOptions(resource_limits=ExecutionResources(cpu=data_cpus))
+        epochs: list[tuple[float, float]] = []  # (end, samples/s) of each epoch after the cold one
+        start = None
+        while start is None or time.perf_counter() - start < seconds:
+            t0, n = time.perf_counter(), 0
+            for bundle in ds.iter_internal_ref_bundles():
+                for block in bundle_block_refs(bundle)[0]:
+                    n += sum(packed_num_samples(block.rows_of(ray.get(block.ref))))
+            if start is None:
+                start = time.perf_counter()  # the cold epoch (worker start-up) is no policy's doing
+                continue
+            epochs.append((time.perf_counter() - start, n / (time.perf_counter() - t0)))
+        total = epochs[-1][0]
+        steady = [sps for end, sps in epochs if end > 0.4 * total] or [epochs[-1][1]]
+        account = {}
+        if handle is not None:
+            account = {k: v for k, v in handle.summary().items() if k in ("policy", "decisions", "final_allocation")}
+            handle.close()
+        return {"epoch_samples_per_s": steady, "samples_per_s": mean_ci(steady), "epochs": len(epochs),
+                "pipeline": datasets.describe(), "tuner": account}
+    finally:
+        ray.shutdown()
+
+
+def pipeline_comparison(base: list[str], policies: tuple[str, ...], seconds: float, workdir: Path) -> dict[str, Any]:
+    """Every policy on the job's train pipeline alone, against the pipeline oracle.
+
+    The oracle: every static configuration of :data:`PIPELINE_STATICS` and every steering policy's final task
+    counts (split, static), each measured for ``seconds``; the best :data:`PIPELINE_FINALISTS` measured again
+    and the best of those second measurements kept (the maximum of one pass is its luckiest run). Then the
+    oracle check of the synthetic suite over the steady-state epochs' samples/s.
+    """
+    runs: dict[str, dict[str, Any]] = {}
+
+    def measure(label: str, overrides: list[str]) -> dict[str, Any]:
+        res = pipeline_under(base + overrides, seconds, workdir)
+        res["overrides"] = overrides
+        ingest_bench.log(f"    pipeline {label}: {res['samples_per_s']['mean']:,.0f} +- "
+                         f"{res['samples_per_s']['ci95']:,.0f} samples/s over {len(res['epoch_samples_per_s'])} "
+                         f"steady epochs; {res['pipeline']}")
+        return res
+
+    shown = [p for p in policies if p != "oracle"]
+    for p in shown:
+        runs[p] = measure(f"policy {p}", policy_overrides(p))
+    statics = dict(PIPELINE_STATICS)
+    for p in shown:
+        final = final_as_static(runs[p])
+        if final is not None and final not in statics.values():
+            statics[f"final of {p}"] = final
+    first = {label: measure(label, overrides) for label, overrides in statics.items()}
+    finalists = sorted(first, key=lambda lb: -first[lb]["samples_per_s"]["mean"])[:PIPELINE_FINALISTS]
+    again = {label: measure(f"{label} (again)", statics[label]) for label in finalists}
+    oracle = max(again, key=lambda lb: again[lb]["samples_per_s"]["mean"])
+    stats = {p: runs[p]["samples_per_s"] for p in shown}
+    stats["oracle"] = again[oracle]["samples_per_s"]
+    o = stats["oracle"]["mean"]
+    return {
+        "policies": runs, "statics": first, "finalists": again, "oracle": oracle,
+        "throughput": {p: st["mean"] for p, st in stats.items()},
+        "vs_oracle": {p: st["mean"] / o for p, st in stats.items() if p != "oracle"},
+        "oracle_check": tuner_bench.oracle_check(stats),
+    }
+
+
+def dataset_base(dataset: str, samples: int, workdir: Path) -> tuple[list[str], int]:
+    """The overrides of ``dataset``'s jobs (its data generated once) and its batch size."""
+    make = ingest_bench.demo_overrides if dataset == "demo" else ingest_bench.criteo_overrides
+    base = make(workdir, samples if dataset == "demo" else samples * 3 // 4)
+    job = ingest_bench.load(base)
+    ingest_bench.ensure_data(job)
+    return base, job.ingest.batch_size
+
+
+def suite_entry(dataset: str, policies: tuple[str, ...], args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """One real job pipeline of ``benchmarks/tuner.py --suite``: every policy on the train pipeline alone
+    against the pipeline oracle (:func:`pipeline_comparison`, ``args.pipeline_s`` each), then every policy's
+    2-epoch jobs (``args.policy_reps`` each): their data-wait fraction and samples/s."""
+    base, batch_size = dataset_base(dataset, args.samples, workdir)
+    pipe = pipeline_comparison(base, policies, args.pipeline_s, workdir)
+    jobs = JobSearch(base, batch_size, workdir)
+    shown = [p for p in policies if p != "oracle"]
+    for _ in range(args.policy_reps):  # interleaved, so the policies share the machine's load
+        for p in shown:
+            jobs.measure(policy_label(p), policy_overrides(p), 1)
+    results = {p: jobs.result(policy_label(p)) for p in shown}
+    return {**pipe, "data_wait": {p: r["data_wait"]["mean"] for p, r in results.items()},
+            "job_samples_per_s": {p: r["samples_per_s"]["mean"] for p, r in results.items()},
+            "jobs": results}
+
+
+def print_suite_entry(name: str, rep: dict[str, Any]) -> None:
+    o = rep["throughput"]["oracle"]
+    print(f"\n== {name}: the train pipeline alone (samples/s, ratio to the oracle '{rep['oracle']}' at {o:,.0f}) "
+          "and 2-epoch jobs (data-wait, samples/s)")
+    for p, v in rep["throughput"].items():
+        if p != "oracle":
+            ci = rep["policies"][p]["samples_per_s"]["ci95"]
+            print(f"  {p:<12} pipeline {v:>9,.0f} +- {ci:>7,.0f}  {rep['vs_oracle'][p]:.3f}x   job: wait "
+                  f"{rep['data_wait'][p]:.4f}, {rep['job_samples_per_s'][p]:>9,.0f} samples/s  "
+                  f"({rep['policies'][p]['pipeline'].split(':')[0]}, final tasks "
+                  f"{(rep['policies'][p]['tuner'] or {}).get('final_allocation')})")
+    for v in rep["oracle_check"]["violations"]:
+        print(f"  ORACLE CHECK: {v['message']}")
 
 
 def print_report(name: str, rep: dict[str, Any]) -> None:
@@ -173,6 +410,28 @@ def print_report(name: str, rep: dict[str, Any]) -> None:
         print(f"  {r['label']:<46} {w['mean']:.4f} +- {w['ci95']:.4f}  (n={w['n']})  "
               f"later epochs <= {r['later_epoch_wait_max']:.3f}  {sps['mean']:>9,.0f} samples/s{tag}")
     print(f"  {rep['check']['message']}")
+    if "throughput" in rep:
+        o = rep["throughput"]["oracle"]
+        print(f"  policies (job samples/s, its ratio to the oracle '{rep['throughput_oracle']}' at {o:,.0f}; data-wait):")
+        for p, v in rep["throughput"].items():
+            if p != "oracle":
+                print(f"    {p:<12} {v:>9,.0f} samples/s  {rep['vs_oracle'][p]:.3f}x  wait {rep['data_wait'][p]:.4f}")
+        for v in rep["oracle_check"]["violations"]:
+            print(f"  ORACLE CHECK: {v['message']}")
+
+
+def run_dataset(dataset: str, args: argparse.Namespace, workdir: Path, policies: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The search (and, with ``policies``, the policy comparison) on ``dataset``'s 2-epoch jobs."""
+    base, batch_size = dataset_base(dataset, args.samples, workdir)
+    return search(JobSearch(base, batch_size, workdir), args.reps, args.final_reps, args.auto_reps,
+                  policies=policies, policy_reps=args.policy_reps)
+
+
+def failures(rep: dict[str, Any]) -> list[str]:
+    """What makes a run a failed one: auto waits more than the best static configuration, or a policy beats the
+    throughput oracle, by more than the noise."""
+    out = [] if rep["check"]["ok"] else [rep["check"]["message"]]
+    return out + [v["message"] for v in rep.get("oracle_check", {}).get("violations", [])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,22 +441,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=2, help="runs per configuration in the search")
     ap.add_argument("--final-reps", type=int, default=2, help="further runs of each finalist")
     ap.add_argument("--auto-reps", type=int, default=3, help="runs of auto, interleaved with the finalists")
-    ap.add_argument("--quick", action="store_true", help="1 run per configuration, 1 more per finalist, 2 of auto")
+    ap.add_argument("--pipeline-run", help=argparse.SUPPRESS)  # the child of pipeline_under: its overrides, JSON
+    ap.add_argument("--pipeline-s", type=float, default=30.0,
+                    help="with --policies: seconds each policy and static configuration steers the pipeline alone")
+    ap.add_argument("--data-cpus", type=float, default=1.0, help=argparse.SUPPRESS)
+    ap.add_argument("--policies", default="",
+                    help="also compare these tuner policies on the job (comma-separated, of "
+                         f"{','.join(JOB_POLICIES)}), each against the throughput oracle")
+    ap.add_argument("--policy-reps", type=int, default=2, help="runs of each policy (with --policies)")
+    ap.add_argument("--quick", action="store_true",
+                    help="1 run per configuration, 1 more per finalist, 2 of auto and of each policy")
     ap.add_argument("--json", type=Path, help="write every figure here")
     ap.add_argument("--workdir", type=Path, help="data and runs (default: a temporary directory)")
     args = ap.parse_args(argv)
     if args.quick:
-        args.reps, args.final_reps, args.auto_reps = 1, 1, 2
+        args.reps, args.final_reps, args.auto_reps, args.policy_reps = 1, 1, 2, 2
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    unknown = sorted(set(policies) - set(JOB_POLICIES) - {"oracle"})
+    if unknown:
+        ap.error(f"--policies: unknown {unknown}; choose from {', '.join(JOB_POLICIES)}")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dlrm-tuner-job-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.pipeline_run is not None:
+        args.json.write_text(json.dumps(_pipeline_run(json.loads(args.pipeline_run), args.pipeline_s, workdir,
+                                                      args.data_cpus), default=float))
+        return 0
     report: dict[str, Any] = {"cpu": ingest_bench.cpu_report(), "load_average_at_start": os.getloadavg()}
     print("CPU:", json.dumps(report["cpu"]), flush=True)
-    make = ingest_bench.demo_overrides if args.dataset == "demo" else ingest_bench.criteo_overrides
-    base = make(workdir, args.samples if args.dataset == "demo" else args.samples * 3 // 4)
-    job = ingest_bench.load(base)
-    ingest_bench.ensure_data(job)
     start = time.perf_counter()
-    rep = search(JobSearch(base, job.ingest.batch_size, workdir), args.reps, args.final_reps, args.auto_reps)
+    rep = run_dataset(args.dataset, args, workdir, policies)
     report[args.dataset] = rep
     report["wall_s"] = time.perf_counter() - start
     report["load_average_at_end"] = os.getloadavg()
@@ -206,10 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1, default=float))
         print(f"written to {args.json}")
-    if not rep["check"]["ok"]:
-        print(f"FAILED RUN: {rep['check']['message']}", file=sys.stderr)
-        return 1
-    return 0
+    for message in failures(rep):
+        print(f"FAILED RUN: {message}", file=sys.stderr)
+    return 1 if failures(rep) else 0
 
 
 if __name__ == "__main__":

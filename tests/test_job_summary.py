@@ -84,3 +84,16 @@ def test_summary_shows_the_epoch_cache_and_reads_back_typed():
     off = {"train": CacheStats(state="off", batches=0, samples=0, memory_mb=0.0, disk_mb=0.0,
                                reason="ingest.cache.mode is off")}
     assert "  epoch cache         off (ingest.cache.mode is off)" in _summary(epoch_cache=off).render().splitlines()
+
+
+def test_summary_names_the_tuner_policy_its_moves_and_final_tasks_and_reads_back():
+    from dlrm_platform.job import describe_tuner
+
+    tuner = {"policy": "plumber", "ticks": 40, "decisions": 3,
+             "final_allocation": {"read": 1, "parse": 2, "dense_transform": 1}}
+    summary = _summary(tuner=tuner)
+    assert "  tuner               plumber: 3 decisions, final tasks read 1, parse 2, dense_transform 1" \
+        in summary.render().splitlines()
+    assert JobSummary.from_json(summary.to_json()).tuner == tuner
+    assert describe_tuner({"policy": "auto", "decisions": 1}) == "auto: 1 decision"
+    assert describe_tuner({}) == "-" and "  tuner               -" in _summary().render().splitlines()

@@ -62,6 +62,7 @@ class JobSummary:
     feed: FeedReport | None = None  # the feed service's passes and sharing (ingest/feed_report.py); None: no report
     log_file: str | None = None  # the run's log (`dlrm-platform run`): everything the terminal did not show
     mlflow_run_url: str | None = None  # the run's page when the tracking store is an MLflow server
+    tuner: dict[str, Any] = field(default_factory=dict)  # the tuner's account (policy, decisions, final allocation)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -88,6 +89,7 @@ class JobSummary:
             ("data-wait fraction", f"{self.data_wait_fraction:.3f}" + (f"  (per epoch: {per_epoch})" if per_epoch else "")),
             ("first batch (s)", first or "-"),
             ("pipeline", self.pipeline or "-"),
+            ("tuner", describe_tuner(self.tuner)),
             ("epoch cache", describe_cache(self.epoch_cache, self.epochs)),
             ("feed service", describe_feed(self.feed)),
             ("held-out AUC", f"{self.auc:.4f}"),
@@ -104,6 +106,17 @@ class JobSummary:
         lines = [f"== {self.job}: done =="] + [f"  {k.ljust(width)}  {v}" for k, v in rows]
         lines.append(f"  open it: {self.mlflow_run_url or open_hint(self.mlflow_tracking_uri)}")
         return "\n".join(lines)
+
+
+def describe_tuner(tuner: dict[str, Any]) -> str:
+    """One line on the tuner: its policy, the moves it made and where it left the pipeline's operators."""
+    if not tuner:
+        return "-"
+    line = f"{tuner.get('policy', '?')}: {_count(int(tuner.get('decisions', 0)), 'decision')}"
+    final = tuner.get("final_allocation")
+    if final:
+        line += ", final tasks " + ", ".join(f"{op} {n}" for op, n in final.items())
+    return line
 
 
 def describe_cache(caches: dict[str, CacheStats], epochs: list[EpochRecord]) -> str:
@@ -221,6 +234,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
                         cache_dir=str(job.ingest.cache.spill_dir or runs_dir / "epoch_cache"),
                     )
             finally:
+                tuner_account = _tuner_account(tuner_handle)
                 if tracking.answers():
                     _log_tuner(tuner_handle, client, run_id, [e.model_dump() for e in result.epochs]
                                if result is not None else None)
@@ -246,6 +260,7 @@ def run_job(job: JobConfig, *, config_source: str | None = None, verbose: bool =
             feed=result.feed_service,
             log_file=str(run_log.path) if run_log is not None else None,
             mlflow_run_url=_run_url(tracking_uri, run_id, client) if tracking.answers() else None,
+            tuner=tuner_account,
         )
         if not tracking.answers():  # trained and checkpointed: the job succeeded, its MLflow record is short
             stage.warning("MLflow at %s did not answer within %.0f s: the run's summary metrics, tuner decisions and "
@@ -331,6 +346,18 @@ def _live_progress(job: JobConfig, run_id: str, run_log: RunLog | None, train_ro
     # Decisions are printed as the tuner makes them; `static` makes none and `ray_default` only observes.
     shows_decisions = tuner_handle is not None and job.tuner.policy not in ("static", "ray_default")
     return live_progress(run_id, view, expected_samples=expected, tuner=tuner_handle if shows_decisions else None)
+
+
+def _tuner_account(handle) -> dict[str, Any]:
+    """The tuner's summary for the job's (policy, ticks, decisions, final allocation), before the handle closes."""
+    if handle is None:
+        return {}
+    try:
+        keep = ("policy", "ticks", "decisions", "final_allocation", "steady_samples_per_s", "held")
+        return {k: v for k, v in handle.summary().items() if k in keep}
+    except Exception as err:  # noqa: BLE001 - the account is telemetry, the run's result is not at stake
+        log.warning("could not read the tuner's summary: %s", err)
+        return {}
 
 
 def _log_tuner(handle, client, run_id: str, epochs: list[dict] | None = None) -> None:

@@ -76,3 +76,31 @@ def test_suite_summary_ratios_geometric_means_and_targets(bench):
     assert live["targets"]["rl_vs_ray_default_geomean"]["met"]  # 1.37 >= 1.3
     assert live["targets"]["rl_vs_oracle_min"]["measured"] == pytest.approx(0.9)
     assert "multinode" not in s
+
+
+def test_job_pipelines_join_the_suite_with_their_own_oracle_and_data_wait(bench, monkeypatch, tmp_path):
+    import argparse
+
+    tj = bench._tuner_job()
+    seen: dict = {}
+
+    def suite_entry(dataset, policies, args, workdir):
+        seen.update(dataset=dataset, policies=policies, policy_reps=args.policy_reps, pipeline_s=args.pipeline_s,
+                    workdir=workdir)
+        return {"throughput": {"static": 95.0, "plumber": 80.0, "rl": 90.0, "auto": 100.0, "oracle": 100.0},
+                "data_wait": {"static": 0.02, "plumber": 0.2, "rl": 0.1, "auto": 0.01},
+                "job_samples_per_s": {"static": 9.0, "plumber": 8.0, "rl": 9.0, "auto": 9.5},
+                "oracle_check": {"ok": True, "checked": True, "violations": []}}
+
+    monkeypatch.setattr(tj, "suite_entry", suite_entry)
+    monkeypatch.setattr(tj, "print_suite_entry", lambda name, rep: None)
+    args = argparse.Namespace(job_samples=1000, job_policy_reps=3, job_pipeline_s=12.0, job_workdir=tmp_path)
+    rep = bench.job_pipeline_report("demo", ["static", "ray_default", "plumber", "rl", "oracle"], args)
+    # auto (the platform's default) always runs; the oracle is the pipeline's own search, not a policy
+    assert seen == {"dataset": "demo", "policies": ("static", "ray_default", "plumber", "rl", "auto"),
+                    "policy_reps": 3, "pipeline_s": 12.0, "workdir": tmp_path / "demo"}
+    assert rep["local"]["data_wait"]["rl"] == 0.1 and rep["local"]["job_samples_per_s"]["auto"] == 9.5
+    s = bench.suite_summary({"job:demo": rep})
+    assert s["local"]["per_pipeline"]["job:demo"]["rl_vs_oracle"] == pytest.approx(0.9)
+    assert s["local"]["per_pipeline"]["job:demo"]["rl_vs_plumber"] == pytest.approx(1.125)
+    assert "simulated" not in s  # real jobs are not simulated
