@@ -270,7 +270,8 @@ class IngestConfig(StrictModel):
     fusion: Literal["auto", "on", "off"] = Field(
         "auto",
         description="run read..batch as one task per block (ingest/fused.py); auto: on unless the tuner "
-        "policy steers operators one by one (every policy but static)",
+        "policy steers operators one by one (every policy but static and auto) and the data CPUs leave it a "
+        "choice (room for a second task of some operator)",
     )
     fused: OperatorConfig | None = Field(
         default=None, description="tasks and CPUs of the fused operator; None: from the data CPUs"

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dlrm_platform.config import DatasetSchema, IngestConfig, TunerConfig
+from dlrm_platform.config import OPERATOR_NAMES, DatasetSchema, IngestConfig, TunerConfig
 from dlrm_platform.ingest import dedup_convert, dedup_sessions, dedup_storage, fused, transforms
 from dlrm_platform.ingest.transforms import TransformSpec
 
@@ -128,6 +128,22 @@ def test_block_plan_defaults_to_eight_batches_capped_by_bytes():
 ])
 def test_fusion_is_on_unless_a_policy_steers_operators_one_by_one(fusion, policy, expected):
     assert fused.fusion_enabled(IngestConfig(fusion=fusion), TunerConfig(policy=policy)) is expected
+    # a budget with room for a second task of some operator leaves the steering policy its choices
+    assert fused.fusion_enabled(IngestConfig(fusion=fusion), TunerConfig(policy=policy), cpu_budget=8.0) is expected
+
+
+@pytest.mark.parametrize(("budget", "fused_"), [(0.5, True), (1.0, True), (1.19, True), (1.2, False), (4.0, False)])
+def test_auto_fuses_a_steering_policy_when_the_budget_holds_one_task_per_operator(budget, fused_):
+    # 5 operators of 0.2 CPU: 1.0 CPU runs one task of each; a second task of any needs 1.2
+    ingest = IngestConfig(operators={name: {"concurrency": 1, "num_cpus": 0.2} for name in OPERATOR_NAMES})
+    assert fused.split_leaves_no_choice(ingest, budget) is fused_
+    for policy in ("rl", "plumber", "hill_climb", "ray_default"):
+        assert fused.fusion_enabled(ingest, TunerConfig(policy=policy), cpu_budget=budget) is fused_
+    # an explicit choice stands
+    assert not fused.fusion_enabled(ingest.model_copy(update={"fusion": "off"}), TunerConfig(policy="rl"), budget)
+    # uneven operators: the budget must hold one of each plus the cheapest one's second task
+    ingest = IngestConfig(operators={**{name: {"num_cpus": 0.5} for name in OPERATOR_NAMES}, "parse": {"num_cpus": 1.0}})
+    assert fused.split_leaves_no_choice(ingest, 3.4) and not fused.split_leaves_no_choice(ingest, 3.5)
 
 
 def test_read_tasks_transform_growing_chunks_and_cut_them_into_blocks(tmp_path, monkeypatch):

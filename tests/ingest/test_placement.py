@@ -80,3 +80,40 @@ def test_an_elastic_pipeline_is_sized_for_data_nodes_that_join_later():
 def test_max_data_cpus_must_be_positive():
     with pytest.raises(Exception, match="max_data_cpus"):
         _job(data_resource="data_worker", max_data_cpus=0)
+
+
+@pytest.mark.parametrize(("data_cpus", "read_tasks", "expected"), [
+    (1.0, 3, (3, 0.333)),  # the demo's 3 shard pairs: one wave of 3, not 2 + 1
+    (1.0, 4, (4, 0.25)),
+    (1.0, 5, (2, 0.5)),  # three waves or more: the tail matters less than thinner tasks' overheads
+    (1.0, 2, (2, 0.5)), (1.0, 1, (2, 0.5)), (None, 3, (2, 0.5)),
+    (8.0, 12, (12, 0.666)),
+])
+def test_the_fused_tasks_run_an_epochs_read_tasks_in_one_wave_where_two_would_leave_cpus_idle(
+        data_cpus, read_tasks, expected):
+    from dlrm_platform.config import IngestConfig
+    from dlrm_platform.ingest.pipeline import fused_operator
+
+    op = fused_operator(IngestConfig(), data_cpus or 1.0, None, read_tasks if data_cpus else None)
+    assert (op.concurrency, op.num_cpus) == expected
+    assert op.concurrency * op.num_cpus <= (data_cpus or 1.0)  # every task of the wave fits the budget at once
+    # an elastic budget keeps its pool sized for the nodes to come; a configured ingest.fused stands
+    assert fused_operator(IngestConfig(), 1.0, 4.0, read_tasks).concurrency == 8
+    assert fused_operator(IngestConfig(fused={"concurrency": 1, "num_cpus": 1.0}), 1.0, None, read_tasks).concurrency == 1
+
+
+def test_train_read_tasks_counts_files_row_group_ranges(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dlrm_platform.ingest import fused
+
+    paths = []
+    for i, groups in enumerate((1, 3)):
+        path = tmp_path / f"part-{i}.parquet"
+        pq.write_table(pa.table({"x": list(range(30 * groups))}), path, row_group_size=30)
+        paths.append(str(path))
+    assert fused.count_read_tasks(paths) == 2  # row groups of a small file stay in one task
+    monkeypatch.setattr(fused, "_MAX_ROWS_PER_TASK", 30)
+    assert fused.count_read_tasks(paths) == 4  # as FusedParquetDatasource cuts them: 1 + 3 ranges
+    assert len(fused.FusedParquetDatasource(paths, spec=None, batch_size=8, block_rows=8).get_read_tasks(1)) == 4

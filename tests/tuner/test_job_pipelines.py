@@ -48,3 +48,18 @@ def test_analyze_builds_what_run_builds(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert built["job"].dedup_enabled == job.dedup_enabled == (overrides != ["ingest.dedup=false"])  # demo: dedup
     assert (built["fused_op"] is None) == (run.fused_op is None)
     assert built["files"] == (["t.parquet"], ["e.parquet"])
+
+
+def test_run_fuses_a_steering_policy_that_its_budget_leaves_no_choice(caplog: pytest.LogCaptureFixture) -> None:
+    # The demo's five operators of 0.2 CPU on 1 data CPU: one task each and no second one anywhere
+    job = load_job_config(REPO / "configs" / "demo.yaml", ["tuner.policy=rl"])
+    with caplog.at_level("INFO", logger="dlrm_platform.job"):
+        plan = job_pipelines.plan_job_pipelines(job, 1.0, job.tuner)
+    assert plan.fused and [op.name for op in plan.operators] == ["read"]
+    assert "nothing to steer" in caplog.text and "ingest.fusion: off" in caplog.text
+    # more data CPUs, or an elastic budget that may grow to them: split, every operator the policy's to steer
+    assert not job_pipelines.plan_job_pipelines(job, 3.0, job.tuner).fused
+    assert not job_pipelines.plan_job_pipelines(job, 1.0, job.tuner, sized_for=4.0).fused
+    # and an explicit ingest.fusion: off splits anyway
+    off = load_job_config(REPO / "configs" / "demo.yaml", ["tuner.policy=rl", "ingest.fusion=off"])
+    assert not job_pipelines.plan_job_pipelines(off, 1.0, off.tuner).fused

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from dlrm_platform.config import IngestConfig, TunerConfig, revalidate
+from dlrm_platform.config import OPERATOR_NAMES, IngestConfig, TunerConfig, revalidate
 from dlrm_platform.ingest import dedup_operators, dedup_sessions, transforms
 from dlrm_platform.ingest.batching import PACKED_SCHEMA
 from dlrm_platform.ingest.transforms import TransformSpec
@@ -51,7 +51,9 @@ __all__ = [
     "BlockPlan",
     "FusedParquetDatasource",
     "FusedSessionDatasource",
+    "count_read_tasks",
     "fusion_enabled",
+    "split_leaves_no_choice",
     "plan_blocks",
     "probe_bytes_per_sample",
     "preprocess_flat",
@@ -67,11 +69,29 @@ _MAX_ROWS_PER_TASK = 1 << 20  # a larger file is read by several tasks (row-grou
 _MAX_BLOCKS_PER_CHUNK = 8  # blocks' samples transformed per call, once the chunks have grown
 
 
-def fusion_enabled(ingest: IngestConfig, tuner: TunerConfig | None) -> bool:
-    """Whether the job's pipeline runs fused: ``ingest.fusion`` on/off, or auto = no per-operator steering."""
+def fusion_enabled(ingest: IngestConfig, tuner: TunerConfig | None, cpu_budget: float | None = None) -> bool:
+    """Whether the job's pipeline runs fused: ``ingest.fusion`` on/off, or auto = no per-operator steering.
+
+    With ``cpu_budget`` (the data CPUs the split pools would be sized for), auto also fuses under a
+    steering policy when the budget leaves it nothing to steer (:func:`split_leaves_no_choice`).
+    """
     if ingest.fusion == "auto":
-        return tuner is None or tuner.policy in _NON_STEERING_POLICIES
+        if tuner is None or tuner.policy in _NON_STEERING_POLICIES:
+            return True
+        return cpu_budget is not None and split_leaves_no_choice(ingest, cpu_budget)
     return ingest.fusion == "on"
+
+
+def split_leaves_no_choice(ingest: IngestConfig, cpu_budget: float) -> bool:
+    """Whether ``cpu_budget`` holds one task of every split operator and no second task of any.
+
+    Every operator needs a task, so such a budget has a single allocation: a policy that steers
+    operators one by one has nothing to choose, and the split pipeline pays four hand-offs between
+    operators for it (measured on the demo's 1 data CPU, `benchmarks/tuner.py --suite`: split under
+    rl, plumber or ray_default 160-180k samples/s alone, fused 390k).
+    """
+    cpus = [getattr(ingest.operators, name).num_cpus for name in OPERATOR_NAMES]
+    return cpu_budget + 1e-9 < sum(cpus) + min(cpus)
 
 
 @dataclass(frozen=True)
@@ -190,6 +210,11 @@ def _row_group_ranges(path: str, max_rows: int) -> list[tuple[int, int, int]]:
         rows += n
     ranges.append((start, meta.num_row_groups - start, rows))
     return ranges
+
+
+def count_read_tasks(files: Sequence[str]) -> int:
+    """The read tasks :class:`FusedParquetDatasource` makes of ``files`` (one per row-group range)."""
+    return sum(len(_row_group_ranges(str(f), _MAX_ROWS_PER_TASK)) for f in files)
 
 
 def probe_bytes_per_sample(source: Datasource) -> float | None:

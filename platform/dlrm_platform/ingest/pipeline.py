@@ -282,7 +282,8 @@ class PipelineDatasets:
         return f"fused: read..batch in one task, {self.block_rows:,} samples per block{size}"
 
 
-def fused_operator(ingest: IngestConfig, data_cpus: float, sized_for: float | None = None) -> OperatorConfig:
+def fused_operator(ingest: IngestConfig, data_cpus: float, sized_for: float | None = None,
+                   read_tasks: int | None = None) -> OperatorConfig:
     """Tasks and CPUs of the fused operator: ``ingest.fused``, else from the data CPUs.
 
     At most 1 CPU per task and at least two tasks, so that one task's reads
@@ -290,12 +291,34 @@ def fused_operator(ingest: IngestConfig, data_cpus: float, sized_for: float | No
     CPU (measured on the demo, 1 data CPU: two half-CPU tasks beat one).
     ``sized_for`` (an elastic budget's :attr:`CpuBudget.sized_for`): as many
     tasks as that many CPUs hold, so that data nodes joining later get tasks.
+
+    ``read_tasks`` (an epoch's read tasks: files or row-group ranges, dedup shard
+    pairs): where they would run as one full wave of tasks and a partial second
+    one, they run as one wave of thinner tasks within the same CPUs instead, so
+    no CPU idles while the last tasks finish (the demo's 3 shard pairs on 1 data
+    CPU: 2 x 0.5 CPU left half the budget idle for a third of every epoch; 3 x
+    0.333 CPU, `benchmarks/tuner.py --suite`: the pipeline alone ~1.2x). Not for
+    an elastic budget, whose tasks are sized for nodes that have not joined.
     """
     if ingest.fused is not None:
         return ingest.fused
     num_cpus = min(1.0, data_cpus / 2)
     cpus = max(data_cpus, sized_for or 0.0)
-    return OperatorConfig(concurrency=max(2, int(math.floor(cpus / num_cpus + 1e-9))), num_cpus=num_cpus)
+    concurrency = max(2, int(math.floor(cpus / num_cpus + 1e-9)))
+    if read_tasks is not None and cpus <= data_cpus and concurrency < read_tasks <= 2 * concurrency:
+        # rounded down: read_tasks x num_cpus must fit the budget, or one task waits for the others
+        return OperatorConfig(concurrency=read_tasks, num_cpus=math.floor(1000 * data_cpus / read_tasks) / 1000)
+    return OperatorConfig(concurrency=concurrency, num_cpus=num_cpus)
+
+
+def train_read_tasks(job: JobConfig, train_files: list[str], eval_files: list[str]) -> int:
+    """How many read tasks one train epoch of the fused pipeline runs (:func:`fused_operator`'s ``read_tasks``).
+
+    With deduplication the dedup copy is located (converted on first use, as building the pipeline would).
+    """
+    if job.dedup_enabled:
+        return len(dedup_convert.dedup_job_shards(job, train_files, eval_files)[0])
+    return fused.count_read_tasks(train_files)
 
 
 def _import_operators(hold_s: float) -> int:

@@ -24,6 +24,7 @@ from dlrm_platform.ingest.pipeline import (
     build_job_datasets,
     data_remote_args,
     fused_operator,
+    train_read_tasks,
     warm_data_workers,
 )
 from dlrm_platform.tuner import OpSpec, attach, compute_strategies, operator_specs
@@ -48,15 +49,21 @@ class JobPipelinePlan:
 
 
 def plan_job_pipelines(job: JobConfig, data_cpus: float, tuner_cfg: TunerConfig | None,
-                       sized_for: float | None = None) -> JobPipelinePlan:
+                       sized_for: float | None = None, read_tasks: int | None = None) -> JobPipelinePlan:
     """The layout `run` builds for ``job`` on ``data_cpus``; split pools are sized for ``tuner_cfg``.
 
     ``sized_for``: an elastic budget's ceiling (:attr:`.pipeline.CpuBudget.sized_for`); task pools hold that
-    many CPUs' worth of tasks so that data nodes that join later get work.
+    many CPUs' worth of tasks so that data nodes that join later get work. ``read_tasks``: a train epoch's
+    read tasks, which the fused operator's tasks are balanced over (:func:`.pipeline.fused_operator`).
     """
     cpu_budget = data_cpus if sized_for is None else max(data_cpus, sized_for)
-    if fusion_enabled(job.ingest, job.tuner):
-        op = fused_operator(job.ingest, data_cpus, cpu_budget)
+    if fusion_enabled(job.ingest, job.tuner, cpu_budget):
+        if not fusion_enabled(job.ingest, job.tuner):  # fused only because the budget leaves no choice
+            log.info("ingest.fusion auto: fused, although tuner.policy %s steers operators one by one: %g data "
+                     "CPU(s) hold one task of each operator and no more, so there is nothing to steer (set "
+                     "ingest.fusion: off to split anyway, or give the job more data CPUs)",
+                     job.tuner.policy if job.tuner else None, cpu_budget)
+        op = fused_operator(job.ingest, data_cpus, cpu_budget, read_tasks)
         return JobPipelinePlan(job, op, [OpSpec("read", op.num_cpus, initial=op.concurrency)], cpu_budget)
     pools = compute_strategies(tuner_cfg, job.ingest, cpu_budget=cpu_budget)
     operators = job.ingest.operators.model_copy(
@@ -82,7 +89,8 @@ def build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus:
     ``sized_for`` (elastic budgets): the tuner's CPU ceiling; within it, each tick's budget is Ray Data's live
     limit, which follows the data nodes.
     """
-    plan = plan_job_pipelines(job, data_cpus, job.tuner, sized_for)
+    read_tasks = train_read_tasks(job, files.train, files.eval) if files.train else None
+    plan = plan_job_pipelines(job, data_cpus, job.tuner, sized_for, read_tasks)
     datasets = build_job_pipelines(plan, files, quarantine_dir)
     if plan.fused_op is not None:
         op = plan.fused_op
