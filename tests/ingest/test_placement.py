@@ -117,3 +117,20 @@ def test_train_read_tasks_counts_files_row_group_ranges(tmp_path, monkeypatch):
     monkeypatch.setattr(fused, "_MAX_ROWS_PER_TASK", 30)
     assert fused.count_read_tasks(paths) == 4  # as FusedParquetDatasource cuts them: 1 + 3 ranges
     assert len(fused.FusedParquetDatasource(paths, spec=None, batch_size=8, block_rows=8).get_read_tasks(1)) == 4
+
+
+def test_the_read_tasks_are_counted_only_where_the_one_wave_rule_applies():
+    """Counting locates the dedup copy or reads every Parquet footer: not for a rule that would ignore it."""
+    from dlrm_platform.config import IngestConfig
+    from dlrm_platform.ingest.pipeline import fused_operator
+
+    asked: list[int] = []
+
+    def count() -> int:
+        asked.append(1)
+        return 3
+
+    assert fused_operator(IngestConfig(), 1.0, 4.0, count).concurrency == 8  # elastic: sized for the nodes to come
+    assert fused_operator(IngestConfig(fused={"concurrency": 1, "num_cpus": 1.0}), 1.0, None, count).concurrency == 1
+    assert not asked
+    assert (fused_operator(IngestConfig(), 1.0, None, count).concurrency, len(asked)) == (3, 1)

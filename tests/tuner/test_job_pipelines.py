@@ -34,6 +34,7 @@ def test_analyze_builds_what_run_builds(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
     monkeypatch.setattr(job_pipelines, "build_job_datasets", build)
     monkeypatch.setattr(job_pipelines, "warm_data_workers", lambda count, **kw: [])
+    monkeypatch.setattr(job_pipelines, "train_read_tasks", lambda job, train, eval_: 5)  # 5 shard pairs or files
     monkeypatch.setattr(ray_cluster, "ray_session", lambda cfg, **kw: contextlib.nullcontext())
     monkeypatch.setattr(source, "validate_dataset", lambda data: SimpleNamespace(train=["t.parquet"], eval=["e.parquet"]))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
@@ -44,9 +45,11 @@ def test_analyze_builds_what_run_builds(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
     job = load_job_config(config, overrides)
     data_cpus = 4.0 - job.train.num_workers * job.train.cpus_per_worker
-    run = job_pipelines.plan_job_pipelines(job, data_cpus, job.tuner)
+    run = job_pipelines.plan_job_pipelines(job, data_cpus, job.tuner, read_tasks=5)
     assert built["job"].dedup_enabled == job.dedup_enabled == (overrides != ["ingest.dedup=false"])  # demo: dedup
-    assert (built["fused_op"] is None) == (run.fused_op is None)
+    assert built["fused_op"] == run.fused_op  # fused: one wave of the 5 read tasks on 3 data CPUs, as run sizes it
+    if run.fused_op is not None:
+        assert (run.fused_op.concurrency, run.fused_op.num_cpus) == (5, 0.6)
     assert built["files"] == (["t.parquet"], ["e.parquet"])
 
 
@@ -63,3 +66,14 @@ def test_run_fuses_a_steering_policy_that_its_budget_leaves_no_choice(caplog: py
     # and an explicit ingest.fusion: off splits anyway
     off = load_job_config(REPO / "configs" / "demo.yaml", ["tuner.policy=rl", "ingest.fusion=off"])
     assert not job_pipelines.plan_job_pipelines(off, 1.0, off.tuner).fused
+
+
+def test_a_split_plan_never_counts_the_read_tasks() -> None:
+    job = load_job_config(REPO / "configs" / "demo.yaml", ["tuner.policy=rl"])
+
+    def count() -> int:
+        raise AssertionError("counted the read tasks of a split pipeline")
+
+    assert not job_pipelines.plan_job_pipelines(job, 3.0, job.tuner, read_tasks=count).fused
+    fused = job_pipelines.plan_job_pipelines(job, 1.0, job.tuner, read_tasks=lambda: 3)
+    assert (fused.fused_op.concurrency, fused.fused_op.num_cpus) == (3, 0.333)

@@ -283,7 +283,7 @@ class PipelineDatasets:
 
 
 def fused_operator(ingest: IngestConfig, data_cpus: float, sized_for: float | None = None,
-                   read_tasks: int | None = None) -> OperatorConfig:
+                   read_tasks: int | Callable[[], int] | None = None) -> OperatorConfig:
     """Tasks and CPUs of the fused operator: ``ingest.fused``, else from the data CPUs.
 
     At most 1 CPU per task and at least two tasks, so that one task's reads
@@ -298,14 +298,18 @@ def fused_operator(ingest: IngestConfig, data_cpus: float, sized_for: float | No
     no CPU idles while the last tasks finish (the demo's 3 shard pairs on 1 data
     CPU: 2 x 0.5 CPU left half the budget idle for a third of every epoch; 3 x
     0.333 CPU, `benchmarks/tuner.py --suite`: the pipeline alone ~1.2x). Not for
-    an elastic budget, whose tasks are sized for nodes that have not joined.
+    an elastic budget, whose tasks are sized for nodes that have not joined. A
+    callable is asked only where the rule applies (counting may locate the dedup
+    copy or read every file's Parquet footer: :func:`train_read_tasks`).
     """
     if ingest.fused is not None:
         return ingest.fused
     num_cpus = min(1.0, data_cpus / 2)
     cpus = max(data_cpus, sized_for or 0.0)
     concurrency = max(2, int(math.floor(cpus / num_cpus + 1e-9)))
-    if read_tasks is not None and cpus <= data_cpus and concurrency < read_tasks <= 2 * concurrency:
+    if callable(read_tasks) and cpus <= data_cpus:
+        read_tasks = read_tasks()
+    if isinstance(read_tasks, int) and cpus <= data_cpus and concurrency < read_tasks <= 2 * concurrency:
         # rounded down: read_tasks x num_cpus must fit the budget, or one task waits for the others
         return OperatorConfig(concurrency=read_tasks, num_cpus=math.floor(1000 * data_cpus / read_tasks) / 1000)
     return OperatorConfig(concurrency=concurrency, num_cpus=num_cpus)

@@ -153,7 +153,7 @@ def run_job_config(path: str | Path, seconds: float, warmup_s: float = 8.0) -> P
     from dlrm_platform.ingest.pipeline import cluster_cpu_budget
     from dlrm_platform.ingest.source import validate_dataset
     from dlrm_platform.ray_cluster import ray_session
-    from dlrm_platform.tuner.job_pipelines import build_job_pipelines, plan_job_pipelines
+    from dlrm_platform.tuner.job_pipelines import build_job_pipelines, plan_job_pipelines, read_task_counter
 
     job = load_job_config(path)
     files = validate_dataset(job.data)
@@ -162,7 +162,8 @@ def run_job_config(path: str | Path, seconds: float, warmup_s: float = 8.0) -> P
 
         DataContext.get_current().enable_progress_bars = False
         budget = cluster_cpu_budget(job).data
-        plan = plan_job_pipelines(job, budget, TunerConfig(policy="static"))
+        # laid out as `run` lays it out (the fused operator's one wave of read tasks included)
+        plan = plan_job_pipelines(job, budget, TunerConfig(policy="static"), read_tasks=read_task_counter(job, files))
         specs = plan.operators
         qdir = Path(job.tracking.runs_dir).resolve() / "quarantine" / "analyze"
         ds = build_job_pipelines(plan, files, qdir).train

@@ -14,7 +14,9 @@ pipeline with its operators held at the config's numbers.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from dlrm_platform.config import JobConfig, OperatorConfig, TunerConfig
@@ -29,7 +31,7 @@ from dlrm_platform.ingest.pipeline import (
 )
 from dlrm_platform.tuner import OpSpec, attach, compute_strategies, operator_specs
 
-__all__ = ["JobPipelinePlan", "build_job_pipelines", "build_tuned_datasets", "plan_job_pipelines"]
+__all__ = ["JobPipelinePlan", "build_job_pipelines", "build_tuned_datasets", "plan_job_pipelines", "read_task_counter"]
 
 log = logging.getLogger("dlrm_platform.job")  # the job's messages
 
@@ -49,12 +51,14 @@ class JobPipelinePlan:
 
 
 def plan_job_pipelines(job: JobConfig, data_cpus: float, tuner_cfg: TunerConfig | None,
-                       sized_for: float | None = None, read_tasks: int | None = None) -> JobPipelinePlan:
+                       sized_for: float | None = None,
+                       read_tasks: int | Callable[[], int] | None = None) -> JobPipelinePlan:
     """The layout `run` builds for ``job`` on ``data_cpus``; split pools are sized for ``tuner_cfg``.
 
     ``sized_for``: an elastic budget's ceiling (:attr:`.pipeline.CpuBudget.sized_for`); task pools hold that
     many CPUs' worth of tasks so that data nodes that join later get work. ``read_tasks``: a train epoch's
-    read tasks, which the fused operator's tasks are balanced over (:func:`.pipeline.fused_operator`).
+    read tasks, which the fused operator's tasks are balanced over (:func:`.pipeline.fused_operator`; a
+    callable is counted only where that applies: a fused pipeline on a fixed budget, tasks not configured).
     """
     cpu_budget = data_cpus if sized_for is None else max(data_cpus, sized_for)
     if fusion_enabled(job.ingest, job.tuner, cpu_budget):
@@ -82,6 +86,11 @@ def build_job_pipelines(plan: JobPipelinePlan, files, quarantine_dir: Path) -> P
     return build_job_datasets(plan.job, files.train, files.eval, quarantine_dir, fused_op=plan.fused_op)
 
 
+def read_task_counter(job: JobConfig, files) -> Callable[[], int] | None:
+    """A train epoch's read tasks, counted when asked (:func:`plan_job_pipelines`); None without train files."""
+    return partial(train_read_tasks, job, files.train, files.eval) if files.train else None
+
+
 def build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus: float,
                          sized_for: float | None = None):
     """The job's pipelines with the tuner installed on the train pipeline; returns (datasets, tuner handle).
@@ -89,8 +98,7 @@ def build_tuned_datasets(job: JobConfig, files, quarantine_dir: Path, data_cpus:
     ``sized_for`` (elastic budgets): the tuner's CPU ceiling; within it, each tick's budget is Ray Data's live
     limit, which follows the data nodes.
     """
-    read_tasks = train_read_tasks(job, files.train, files.eval) if files.train else None
-    plan = plan_job_pipelines(job, data_cpus, job.tuner, sized_for, read_tasks)
+    plan = plan_job_pipelines(job, data_cpus, job.tuner, sized_for, read_task_counter(job, files))
     datasets = build_job_pipelines(plan, files, quarantine_dir)
     if plan.fused_op is not None:
         op = plan.fused_op
