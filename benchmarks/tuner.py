@@ -49,10 +49,11 @@ then, live, the real job pipelines (``--jobs demo,criteo_shaped``): the train pi
 ``dlrm-platform run`` job with ``tuner.policy`` set to each policy, built as the job builds it (fused under
 ``static`` and ``auto``, split under the policies that steer operators one by one), run alone epoch after
 epoch for ``--job-pipeline-s`` against its own oracle (static configurations of the fused and the split
-pipeline, and every policy's final task counts as a static one; the best two measured again), and each
-policy's 2-epoch jobs for the data-wait fraction and the job's samples/s (``benchmarks/tuner_job.py``), and
-then prints rl's samples/s over each baseline's per pipeline and the
-geometric means over the suite, against the targets (``SUITE_TARGETS``): rl >= 0.95x the oracle
+pipeline, and every policy's final task counts as a static one; then ``--job-pipeline-rounds`` rounds
+measuring the best two and every policy again, interleaved; the oracle is the best re-measured mean and the
+check's noise the pooled run-to-run spread), and each policy's 2-epoch jobs for the data-wait fraction and
+the job's samples/s (``benchmarks/tuner_job.py``), and then prints rl's samples/s over each baseline's per
+pipeline and the geometric means over the suite, against the targets (``SUITE_TARGETS``): rl >= 0.95x the oracle
 on every pipeline, its geometric mean >= 1.05x plumber's and >= 1.3x ray_default's (live only:
 Ray's allocator is not simulated). With ``--sim-only`` it takes a minute (no job pipelines); live, each
 synthetic pipeline takes as long as one comparison and each job pipeline ~15 min (``--no-synthetic``: the
@@ -753,12 +754,14 @@ def job_pipeline_report(dataset: str, policies: list[str], args) -> dict:
     operators as ``dlrm-platform run`` builds them under each policy (fused under ``static`` and ``auto``,
     split under the policies that steer operators one by one): the train pipeline alone for
     ``--job-pipeline-s`` against the pipeline oracle (static configurations and every policy's final task
-    counts, the best re-measured: ``tuner_job.pipeline_comparison``), then the policy's 2-epoch jobs for
+    counts, the best re-measured with every policy over ``--job-pipeline-rounds`` interleaved rounds:
+    ``tuner_job.pipeline_comparison``), then the policy's 2-epoch jobs for
     the data-wait fraction (``local`` in the report: one machine, real Ray)."""
     tj = _tuner_job()
     job_policies = tuple(p for p in tj.JOB_POLICIES if p in policies or p == "auto")
     job_args = argparse.Namespace(samples=args.job_samples, pipeline_s=args.job_pipeline_s,
-                                  policy_reps=args.job_policy_reps)
+                                  policy_reps=args.job_policy_reps,
+                                  job_pipeline_rounds=getattr(args, "job_pipeline_rounds", 1))
     workdir = Path(args.job_workdir or tempfile.mkdtemp(prefix="dlrm-tuner-suite-")) / dataset
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"\n== job:{dataset}: policies {', '.join(job_policies)} on the job's own pipeline", flush=True)
@@ -854,6 +857,9 @@ def main(argv=None) -> int:
     ap.add_argument("--job-policy-reps", type=int, default=2, help="jobs per policy on each real pipeline")
     ap.add_argument("--job-pipeline-s", type=float, default=30.0,
                     help="seconds each policy and oracle candidate runs a real job's pipeline alone")
+    ap.add_argument("--job-pipeline-rounds", type=int, default=1,
+                    help="rounds re-measuring each real pipeline's oracle finalists and every policy, interleaved:"
+                         " the oracle is the finalists' re-measurements, the noise their pooled run-to-run spread")
     ap.add_argument("--job-workdir", type=Path, help="the real jobs' data and runs (default: a temporary directory)")
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                     help="skip the overhead-ceiling run (the pipeline with operators that cost nothing)")
