@@ -76,10 +76,14 @@ mean_ci = tuner_bench.mean_ci  # the Student t interval of the tuner benchmark
 # platform's own (what `auto` runs with); the fused operator's default on the job's 1 data CPU is 2 tasks
 # of 0.5 CPU, or one task per read task where an epoch has 3 or 4 (the demo: 3 x 0.333), blocks of ~8
 # batches, prefetch 2, cache auto, read-ahead on.
+FUSED_TASKS: dict[str, list[str]] = {  # the fused operator's tasks x CPUs, against its default (one wave)
+    f"{n} x {cpus} CPU": [f"ingest.fused={{concurrency: {n}, num_cpus: {cpus}}}"]
+    for n, cpus in ((2, 0.5), (1, 1.0), (4, 0.25))
+}
+SPLIT = {"off (split, config concurrency)": ["ingest.fusion=off"]}
 KNOBS: dict[str, dict[str, list[str]]] = {
-    "fusion": {"off (split, config concurrency)": ["ingest.fusion=off"]},
-    "fused tasks": {"1 x 1.0 CPU": ["ingest.fused={concurrency: 1, num_cpus: 1.0}"],
-                    "4 x 0.25 CPU": ["ingest.fused={concurrency: 4, num_cpus: 0.25}"]},
+    "fusion": SPLIT,
+    "fused tasks": {k: FUSED_TASKS[k] for k in ("1 x 1.0 CPU", "4 x 0.25 CPU")},
     "block rows": {"2 batches": ["ingest.block_rows=@2"], "32 batches": ["ingest.block_rows=@32"]},
     "prefetch": {"1": ["ingest.prefetch_batches=1"], "4": ["ingest.prefetch_batches=4"]},
     "epoch cache": {"off": ["ingest.cache.mode=off"]},
@@ -253,12 +257,10 @@ def policy_comparison(s: JobSearch, finalists: list[str], policies: tuple[str, .
 
 # Static configurations of the job's train pipeline the pipeline oracle measures (besides every steering
 # policy's final task counts): the fused operator's tasks, and the split pipeline at the config's numbers.
-PIPELINE_STATICS: dict[str, list[str]] = {
+PIPELINE_STATICS: dict[str, list[str]] = {  # the job search's fusion and fused-task knobs, and 2 x 0.5
     "fused, default tasks": STATIC,  # demo, 1 data CPU: 3 x 0.333 (one wave of its 3 shard pairs)
-    "fused 2 x 0.5 CPU": STATIC + ["ingest.fused={concurrency: 2, num_cpus: 0.5}"],
-    "fused 1 x 1.0 CPU": STATIC + ["ingest.fused={concurrency: 1, num_cpus: 1.0}"],
-    "fused 4 x 0.25 CPU": STATIC + ["ingest.fused={concurrency: 4, num_cpus: 0.25}"],
-    "split, config tasks": STATIC + ["ingest.fusion=off"],
+    **{f"fused {label}": STATIC + overrides for label, overrides in FUSED_TASKS.items()},
+    "split, config tasks": STATIC + SPLIT["off (split, config concurrency)"],
 }
 PIPELINE_FINALISTS = 2  # the best static configurations measured again; the oracle is the best re-measurement
 
