@@ -148,6 +148,12 @@ def interval_rates(ts, rows, start, end, bin_s: float = ORACLE_BIN_S) -> list[fl
     return out
 
 
+def t95(df: int) -> float:
+    """Student t's 95% two-sided quantile at ``df`` degrees of freedom: the nearest tabulated df at or
+    below (:data:`T95`), so the interval errs wide."""
+    return T95[max(k for k in T95 if k <= df)]
+
+
 def mean_ci(samples: list[float]) -> dict:
     """Mean and 95% confidence half-width (Student t) of per-interval samples/s."""
     n = len(samples)
@@ -157,8 +163,7 @@ def mean_ci(samples: list[float]) -> dict:
     if n == 1:
         return {"mean": mean, "ci95": float("inf"), "n": 1}
     se = float(np.std(samples, ddof=1)) / math.sqrt(n)
-    t = T95[max(k for k in T95 if k <= n - 1)]
-    return {"mean": mean, "ci95": t * se, "n": n}
+    return {"mean": mean, "ci95": t95(n - 1) * se, "n": n}
 
 
 def oracle_check(stats: dict[str, dict], oracle: str = "oracle") -> dict:

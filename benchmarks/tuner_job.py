@@ -343,10 +343,7 @@ def run_noise(runs_by_config: dict[str, list[float]]) -> dict[str, Any]:
     return {"rel_sd": math.sqrt(squares / df) if df else float("nan"), "df": df, "configs": list(repeated)}
 
 
-def t95(df: int) -> float:
-    """Student t's 95% two-sided quantile at ``df`` degrees of freedom, from the tuner benchmark's table (as
-    :func:`mean_ci` reads it: the nearest tabulated df at or below, so the interval errs wide)."""
-    return tuner_bench.T95[max(k for k in tuner_bench.T95 if k <= df)]
+t95 = tuner_bench.t95  # Student t's 95% quantile, as mean_ci reads it
 
 
 POOLED_NOISE = "pooled run-to-run"

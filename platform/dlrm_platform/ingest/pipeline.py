@@ -307,11 +307,11 @@ def fused_operator(ingest: IngestConfig, data_cpus: float, sized_for: float | No
     num_cpus = min(1.0, data_cpus / 2)
     cpus = max(data_cpus, sized_for or 0.0)
     concurrency = max(2, int(math.floor(cpus / num_cpus + 1e-9)))
-    if callable(read_tasks) and cpus <= data_cpus:
-        read_tasks = read_tasks()
-    if isinstance(read_tasks, int) and cpus <= data_cpus and concurrency < read_tasks <= 2 * concurrency:
-        # rounded down: read_tasks x num_cpus must fit the budget, or one task waits for the others
-        return OperatorConfig(concurrency=read_tasks, num_cpus=math.floor(1000 * data_cpus / read_tasks) / 1000)
+    if read_tasks is not None and cpus <= data_cpus:
+        tasks = read_tasks() if callable(read_tasks) else read_tasks
+        if concurrency < tasks <= 2 * concurrency:
+            # rounded down: tasks x num_cpus must fit the budget, or one task waits for the others
+            return OperatorConfig(concurrency=tasks, num_cpus=math.floor(1000 * data_cpus / tasks) / 1000)
     return OperatorConfig(concurrency=concurrency, num_cpus=num_cpus)
 
 
