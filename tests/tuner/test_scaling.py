@@ -75,6 +75,17 @@ def test_points_expire():
     assert 4 not in mem.curves["a"]
 
 
+def test_the_simulated_contended_operator_runs_fewer_tasks_when_starved():
+    op = SimOp("lookup", 2500.0, contention=0.04)
+    full = op.n_eff(16) * op.mu
+    assert op.tasks_running(16, full) == pytest.approx(16.0)
+    starved = op.tasks_running(16, 0.5 * full)
+    assert starved < 2.0  # a few tasks, each at the low contention of a few
+    assert op.n_eff(starved) * op.mu == pytest.approx(0.5 * full, rel=1e-6)
+    linear = SimOp("hash", 1000.0)
+    assert linear.tasks_running(8, 4000.0) == pytest.approx(4.0)
+
+
 def _contended_pipeline() -> SimPipeline:
     # a 2-CPU-budget-rich pipeline whose middle operator peaks at 5 slots (USL kappa 0.04)
     return SimPipeline([SimOp("read", 10_000.0), SimOp("lookup", 2500.0, contention=0.04), SimOp("pack", 20_000.0)],

@@ -8,6 +8,8 @@ a fluid with a few sub-steps per second:
   of one slot and ``n_eff`` saturates at ``sat_i`` slots when the operator is
   limited by something other than its CPUs (a storage service with a fixed
   number of channels, say): slots past the knee wait, busy but useless;
+* a contended operator (``contention``) slows down by the tasks it *runs*: starved, it
+  runs fewer than its slots, each faster, as a live lock-bound operator does;
 * it consumes ``1/ratio_i`` input rows per output row (filters, dedup, packing);
 * new slots start after ``lag_i`` seconds (actor start-up);
 * the trainers take at most ``consumer_rate`` samples/s;
@@ -55,6 +57,25 @@ class SimOp:
         if self.contention:  # past the peak, more slots deliver less (lock or cache contention)
             eff /= 1.0 + self.contention * n * (n - 1.0)
         return eff
+
+    def tasks_running(self, n: float, out_rate: float) -> float:
+        """How many of its ``n`` slots run a task while it outputs ``out_rate`` rows/s.
+
+        A contended operator's tasks slow each other down by how many *run*, not by how many
+        slots it holds (live: callers queue on the table's lock). Starved, it runs the fewest
+        tasks that deliver its input (the smallest ``b`` with ``n_eff(b) * mu = out_rate``), each
+        at that lower contention, so its rate per occupied slot is higher than at ``n`` busy
+        slots, as a live run measures it. Otherwise its slots are busy in proportion."""
+        cap = self.n_eff(n) * self.mu
+        if cap <= 0 or out_rate <= 0:
+            return 0.0
+        if not self.contention or out_rate >= cap * (1 - 1e-9):
+            return n * min(out_rate / cap, 1.0)
+        lo, hi = 0.0, min(n, 1.0 / math.sqrt(self.contention))  # n_eff rises up to its peak
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if self.n_eff(mid) * self.mu < out_rate else (lo, mid)
+        return hi
 
 
 @dataclass
@@ -199,7 +220,8 @@ class PipelineSim:
                 busy = (out / cap_out) if cap_out > 0 else 0.0
                 r.rows_in += consumed
                 r.rows_out += out
-                r.slot_seconds += n * busy * h
+                if h > 0:  # step(0.0) only reads the counters
+                    r.slot_seconds += o.tasks_running(n, out / h) * h
                 if (want_in > 0 and busy > 0.98) or blocked:
                     r.bp_seconds += h
         snap_ops = {}
