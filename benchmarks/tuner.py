@@ -15,7 +15,9 @@ cluster (``ray.cluster_utils.Cluster``).
 
 Per policy it reports steady-state samples/s (consumer-side, last 40% of the
 run), seconds to reach 95% of that, peak object-store memory, stalls (10 s
-without a delivered row after the first one) and crashes; then the shift
+without a delivered row after the first one) and crashes (the JSON also keeps
+every move with the policy's reason, ``moves``, and what it observed each
+interval, ``timeline``); then the shift
 scenario (an operator's cost changes mid-run): time to recover to 95% of the
 post-shift steady state and the throughput recovered to. ``oracle`` measures a
 shortlist of allocations live: every allocation within the budget is scored by
@@ -319,6 +321,8 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
         # what Ray actually ran: mean tasks per operator over the steady-state part (ray_default
         # sets its own concurrency; the others follow the tuner's caps)
         "observed_tasks_running": _mean_running(ticks, 0.6),
+        # what the policy saw each interval, to tell afterwards why it moved (or did not)
+        "timeline": _timeline(ticks),
         "rows_per_occupied_slot_s": _occupied_slot_rates(ticks, 0.6),
     }
     if shift_at is None:
@@ -345,6 +349,19 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
             break
         time.sleep(1.0)
     return res
+
+
+def _timeline(ticks: list[dict]) -> list[dict]:
+    """Per interval: the allocation, the bottleneck, and each operator's measured capacity
+    (samples/s), mean tasks running and slot utilisation, as the policy saw them."""
+    def r(x, nd=0):
+        return None if x is None else round(float(x), nd)
+
+    return [{"t": r(t.get("elapsed"), 1), "throughput": r(t.get("throughput")), "bottleneck": t.get("bottleneck"),
+             "allocation": t.get("allocation"),
+             "ops": {n: {"capacity": r(o.get("capacity")), "running": r(o.get("running"), 2),
+                         "util": r(o.get("util"), 2)} for n, o in (t.get("per_op") or {}).items()}}
+            for t in ticks if t.get("per_op")]
 
 
 def _mean_running(ticks: list[dict], after_frac: float) -> dict:

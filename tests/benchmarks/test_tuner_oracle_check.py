@@ -104,3 +104,20 @@ def test_job_pipelines_join_the_suite_with_their_own_oracle_and_data_wait(bench,
     assert s["local"]["per_pipeline"]["job:demo"]["rl_vs_oracle"] == pytest.approx(0.9)
     assert s["local"]["per_pipeline"]["job:demo"]["rl_vs_plumber"] == pytest.approx(1.125)
     assert "simulated" not in s  # real jobs are not simulated
+
+
+def test_timeline_keeps_what_the_policy_saw_each_interval(bench):
+    ticks = [
+        {"type": "tick", "elapsed": 1.04, "throughput": 3890.4, "bottleneck": "lookup", "allocation": {"read": 2, "lookup": 13},
+         "per_op": {"read": {"capacity": 10_812.7, "running": 2.0, "util": 1.0, "queue_blocks": 3},
+                    "lookup": {"capacity": 912.3, "running": 12.987, "util": 0.999}}},
+        {"type": "tick", "elapsed": 2.1, "throughput": 0.0, "bottleneck": None, "allocation": {"read": 2, "lookup": 13},
+         "per_op": {"read": {"capacity": None, "running": 0.0, "util": 0.0},
+                    "lookup": {"capacity": 9_301.0, "running": 13.0, "util": 1.0}}},
+    ]
+    tl = bench._timeline(ticks)
+    assert [t["t"] for t in tl] == [1.0, 2.1]
+    assert tl[0]["bottleneck"] == "lookup" and tl[0]["allocation"] == {"read": 2, "lookup": 13}
+    assert tl[0]["ops"]["lookup"] == {"capacity": 912.0, "running": 12.99, "util": 1.0}
+    assert tl[1]["ops"]["read"]["capacity"] is None  # not measured that interval: kept as unknown, not 0
+    assert set(tl[0]["ops"]["read"]) == {"capacity", "running", "util"}
