@@ -125,7 +125,7 @@ class Controller:
                         explanation = {"bottleneck": obs.bottleneck(), "expected_gain": None,
                                        "text": f"no explanation: {err}"}
                     self.allocation.update(proposal)
-                    self.observer.note_change(snap.t)
+                    self.observer.note_change(snap.t, list(decision))
         self._record_tick(obs, decision, budget, explanation)
         return dict(self.allocation) if changed is not None else None
 

@@ -15,6 +15,7 @@ pipelines, ``batch_size`` when the last operator packs rows into training batche
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 
@@ -232,9 +233,13 @@ class WindowedObserver:
     measurement describes the allocation in force. Used live and in simulation."""
 
     def __init__(self, window_s: float = 3.0, settle_s: float = 1.0, keep_s: float = 30.0,
-                 long_window_s: float = 5.0):
+                 long_window_s: float = 5.0, op_window_s: float = 6.0):
         self.window_s = window_s
         self.long_window_s = long_window_s
+        #: an operator's rate per slot is measured over up to this long at its current slots
+        self.op_window_s = op_window_s
+        self.op_change_t: dict[str, float] = {}
+        self._all_changed_t: float | None = None  # the last change given without names
         self.rates: dict[str, float] = {}
         self.settle_s = settle_s
         self.keep_s = keep_s
@@ -247,8 +252,14 @@ class WindowedObserver:
         while len(self.snaps) > 2 and self.snaps[0].t < cutoff:
             self.snaps.pop(0)
 
-    def note_change(self, t: float) -> None:
+    def note_change(self, t: float, names: Sequence[str] | None = None) -> None:
+        """The allocation changed at ``t``; ``names``: the operators whose slots changed (None: all)."""
         self.last_change_t = t
+        if names is None:
+            self._all_changed_t = t
+            self.op_change_t.clear()
+        for n in names or ():
+            self.op_change_t[n] = t
 
     def clear(self) -> None:
         """Forget the snapshots (a new execution restarts the counters); keep the learned rates."""
@@ -272,6 +283,32 @@ class WindowedObserver:
         # Always measure over at least one interval, even right after a change.
         return cands[0] if cands else self.snaps[-2]
 
+    def _per_op_windows(self, obs: Observation, factors: list[float], min_slot_seconds: float = 0.1) -> None:
+        """Each operator's rate per slot over the longest window at its current slots (up to
+        ``op_window_s``): a task can outlast several intervals, so one interval sees 0-3 of a long-task
+        operator's tasks finish and its rate swings 10x; a move of *other* operators does not make
+        this one's rate per occupied slot stale."""
+        cur = self.snaps[-1]
+        for o, f in zip(obs.ops, factors):
+            if o.completed:
+                continue
+            changed = self.op_change_t.get(o.name, self._all_changed_t)
+            start = cur.t - self.op_window_s
+            if changed is not None:
+                start = max(start, changed + self.settle_s)
+            first = next((sn for sn in self.snaps[:-1] if sn.t >= start - 1e-9), None)
+            if first is None or cur.t - first.t <= obs.window_s + 1e-9:
+                continue  # no longer than the interval's own window
+            a, b = first.ops.get(o.name), cur.ops.get(o.name)
+            if a is None or b is None:
+                continue
+            d_out = max(b.rows_out - a.rows_out, 0.0)
+            d_slot = max(b.slot_seconds - a.slot_seconds, 0.0)
+            if d_slot >= min_slot_seconds and d_out > 0:
+                o.rate_per_slot = d_out / d_slot
+                o.capacity = o.slots * o.rate_per_slot * f
+                o.measured = True
+
     def observation(self, alloc: dict[str, int], cpus: dict[str, float], budget: float,
                     window_s: float | None = None, samples_per_sink_row: float = 1.0) -> Observation | None:
         prev = self.base(window_s)
@@ -283,6 +320,7 @@ class WindowedObserver:
         # short window (block granularity) keeps its last measured rate, and its capacity
         # follows its current number of slots.
         factors = obs.extra["sink_factors"]
+        self._per_op_windows(obs, factors)
         for o, f in zip(obs.ops, factors):
             if o.rate_per_slot is not None:
                 old = self.rates.get(o.name)

@@ -494,7 +494,7 @@ def make_env_class():
             self.fs.note_action(before, self.alloc)
             if self.alloc != before:
                 self.sim.set_allocation(self.alloc)
-                self.observer.note_change(self.sim.t)
+                self.observer.note_change(self.sim.t, [n for n in self.alloc if self.alloc[n] != before.get(n)])
             if self.shift_at is not None and self.steps == self.shift_at:
                 self._shift()
             self._advance()

@@ -1,0 +1,65 @@
+"""Observations (``tuner/observe.py``): each operator's rate per slot over the longest window at its slots."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrm_platform.tuner.observe import RawOp, RawSnapshot, WindowedObserver
+
+
+def _snap(t: float, lookup_rows: float, lookup_slot_s: float, read_rows: float) -> RawSnapshot:
+    return RawSnapshot(t, {"read": RawOp(rows_out=read_rows, slot_seconds=2.0 * t),
+                           "lookup": RawOp(rows_out=lookup_rows, slot_seconds=lookup_slot_s)}, sink_rows=lookup_rows)
+
+
+def _lumpy_run(obs: WindowedObserver, until: int, start: int = 0, rows: float = 0.0):
+    """4 lookup slots, each task 4 s for a 2,000-row block (500 rows per slot-second), finishing one
+    block a second on average, lumpily: 1, 1, 2, then 0 blocks in consecutive seconds."""
+    for t in range(start, until + 1):
+        rows += 4000.0 if t % 4 == 3 else (0.0 if t % 4 == 0 else 2000.0) if t else 0.0
+        obs.push(_snap(float(t), rows, 4.0 * t, 1000.0 * t))
+    return rows
+
+
+def test_a_long_task_operator_is_measured_over_its_whole_window_not_one_interval():
+    alloc, cpus = {"read": 2, "lookup": 4}, {"read": 1.0, "lookup": 1.0}
+    short = WindowedObserver(window_s=1.0, op_window_s=1.0)
+    long = WindowedObserver(window_s=1.0, op_window_s=8.0)
+    rates_short, rates_long = [], []
+    rows = rows_long = 0.0
+    for t in range(0, 16):
+        rows = _lumpy_run(short, t, t, rows)
+        rows_long = _lumpy_run(long, t, t, rows_long)
+        if t >= 9:
+            rates_short.append(short.observation(alloc, cpus, 6.0).op("lookup").rate_per_slot or 0.0)
+            rates_long.append(long.observation(alloc, cpus, 6.0).op("lookup").rate_per_slot)
+    assert max(rates_short) >= 2 * min(r for r in rates_short if r > 0)  # one interval: 0, 1 or 2 blocks
+    assert all(r == pytest.approx(500.0, rel=0.05) for r in rates_long), rates_long
+
+
+def test_a_move_of_another_operator_keeps_this_ones_window_and_its_own_move_restarts_it():
+    alloc, cpus = {"read": 2, "lookup": 4}, {"read": 1.0, "lookup": 1.0}
+    obs = WindowedObserver(window_s=2.0, settle_s=1.0, op_window_s=8.0)
+    rows = _lumpy_run(obs, 10)
+    obs.note_change(10.0, ["read"])
+    rows = _lumpy_run(obs, 12, 11, rows)
+    o = obs.observation(alloc, cpus, 6.0)
+    assert o.op("lookup").rate_per_slot == pytest.approx(500.0, rel=0.05)  # 8 s back, across read's move
+    obs.note_change(12.0, ["lookup"])
+    # after its own move only the windows after it (and the settle time) count: 2 s here
+    _lumpy_run(obs, 15, 13, rows)
+    first = next(s for s in obs.snaps if s.t >= 13.0)
+    assert first.t == 13.0
+    rate = obs.observation(alloc, cpus, 6.0).op("lookup").rate_per_slot
+    last = obs.snaps[-1].ops["lookup"]
+    assert rate == pytest.approx((last.rows_out - first.ops["lookup"].rows_out)
+                                 / (last.slot_seconds - first.ops["lookup"].slot_seconds))
+
+
+def test_a_change_without_names_restarts_every_operators_window():
+    obs = WindowedObserver(window_s=1.0, settle_s=1.0, op_window_s=8.0)
+    _lumpy_run(obs, 11)
+    obs.note_change(10.0)
+    o = obs.observation({"read": 2, "lookup": 4}, {"read": 1.0, "lookup": 1.0}, 6.0)
+    # 11 - (10 + 1) leaves no window longer than the interval's own: the lumpy interval's rate stands
+    assert o.op("lookup").rate_per_slot == pytest.approx(4000.0 / 4.0)
