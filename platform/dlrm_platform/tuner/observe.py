@@ -128,6 +128,21 @@ def sink_factors(ratios: list[float], samples_per_sink_row: float) -> list[float
 
 
 
+def rate_per_slot(a: RawOp, b: RawOp, min_slot_seconds: float = 0.1) -> float | None:
+    """An operator's output rows per occupied slot-second between its counters ``a`` and ``b``
+    (None: too little slot time or no output to tell).
+
+    A slot is held for the whole task - scheduling, argument fetch, the UDF, storing the
+    output - so capacity per slot is measured against occupied slot time. The workers'
+    own UDF time (busy_seconds) is kept for reporting; it misses that per-task overhead."""
+    d_out = max(b.rows_out - a.rows_out, 0.0)
+    d_slot = max(b.slot_seconds - a.slot_seconds, 0.0)
+    d_busy = d_slot if d_slot > 0 else (
+        max(b.busy_seconds - a.busy_seconds, 0.0)
+        if a.busy_seconds is not None and b.busy_seconds is not None else 0.0)
+    return d_out / d_busy if d_busy >= min_slot_seconds and d_out > 0 else None
+
+
 def observe(
     prev: RawSnapshot,
     cur: RawSnapshot,
@@ -147,14 +162,7 @@ def observe(
         a = prev.ops.get(name, RawOp())
         b = cur.ops.get(name, RawOp())
         d_out = max(b.rows_out - a.rows_out, 0.0)
-        d_slot = max(b.slot_seconds - a.slot_seconds, 0.0)
-        running = d_slot / dt
-        # A slot is held for the whole task - scheduling, argument fetch, the UDF, storing the
-        # output - so capacity per slot is measured against occupied slot time. The workers'
-        # own UDF time (busy_seconds) is kept for reporting; it misses that per-task overhead.
-        d_busy = d_slot if d_slot > 0 else (
-            max(b.busy_seconds - a.busy_seconds, 0.0)
-            if a.busy_seconds is not None and b.busy_seconds is not None else 0.0)
+        running = max(b.slot_seconds - a.slot_seconds, 0.0) / dt
         done = b.rows_out_done if b.rows_out_done is not None else b.rows_out
         ratio = done / b.rows_in if b.rows_in > 0 and done > 0 else 1.0
         ops.append(
@@ -163,7 +171,7 @@ def observe(
                 slots=int(alloc[name]),
                 cpus_per_slot=float(cpus[name]),
                 out_rate=d_out / dt,
-                rate_per_slot=(d_out / d_busy) if d_busy >= min_slot_seconds and d_out > 0 else None,
+                rate_per_slot=rate_per_slot(a, b, min_slot_seconds),
                 element_ratio=ratio,
                 running=running,
                 util=running / max(alloc[name], 1),
@@ -300,13 +308,10 @@ class WindowedObserver:
             if first is None or cur.t - first.t <= obs.window_s + 1e-9:
                 continue  # no longer than the interval's own window
             a, b = first.ops.get(o.name), cur.ops.get(o.name)
-            if a is None or b is None:
-                continue
-            d_out = max(b.rows_out - a.rows_out, 0.0)
-            d_slot = max(b.slot_seconds - a.slot_seconds, 0.0)
-            if d_slot >= min_slot_seconds and d_out > 0:
-                o.rate_per_slot = d_out / d_slot
-                o.capacity = o.slots * o.rate_per_slot * f
+            rate = rate_per_slot(a, b, min_slot_seconds) if a is not None and b is not None else None
+            if rate is not None:
+                o.rate_per_slot = rate
+                o.capacity = o.slots * rate * f
                 o.measured = True
 
     def observation(self, alloc: dict[str, int], cpus: dict[str, float], budget: float,
