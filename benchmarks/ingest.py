@@ -6,13 +6,19 @@ On the demo data (``configs/demo.yaml``, 160k samples in sessions of ~8) and
 on Criteo-shaped synthetic data (13 dense, 26 categorical features, the
 Criteo Kaggle MLPs and batch size), for the plain and the dedup path:
 
-* ``inprocess_sps_per_cpu``   the same transforms in this process, no Ray: read
-                              Parquet -> parse -> dense -> sparse -> batch, per
-                              CPU-second (the ceiling);
+* ``inprocess_sps_per_cpu``   the pipeline's work in this process, no Ray: the
+                              fused train pipeline's read tasks called here (read
+                              Parquet, the shard's session order, parse -> dense ->
+                              sparse -> batch a chunk at a time, the cut into
+                              blocks), per CPU-second (the ceiling);
+                              ``transforms_sps_per_cpu``: the transforms alone on
+                              whole files (the first ceiling, less work: also
+                              reported, with the pipeline's ratio to it);
 * ``pipeline_sps_per_cpu``    the job's Ray Data pipeline alone (no trainer) on a
                               fresh local cluster of 2 CPUs with the demo's data
                               budget of 1 CPU, per CPU of that budget: the best
-                              warm epoch of 3, and the cold first epoch apart;
+                              warm epoch of 8 (and their median), and the cold
+                              first epoch apart;
                               consumed as the job's feed service consumes it
                               (block refs, each block fetched into this process,
                               as a trainer fetches it), not through
@@ -20,7 +26,9 @@ Criteo Kaggle MLPs and batch size), for the plain and the dedup path:
                               of the job's path);
                               ``before`` = today's settings by config (operators
                               split, the config's concurrency), ``after`` = the
-                              defaults (fused, planned blocks);
+                              defaults (fused, planned blocks), and where the
+                              plan's ~2 MiB floor changed the blocks, ``after``
+                              with the earlier 8-batch blocks beside it;
 * ``job_*``                   a full ``dlrm-platform run`` (2 and 5 epochs):
                               data-wait fraction and samples/s over the job, per
                               epoch data wait and first-batch latency; before =
@@ -43,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +70,9 @@ ABLATION = {
 }
 TARGETS = {"pipeline_vs_inprocess": 0.5, "job_wait_2ep": 0.10, "job_wait_later_epochs": 0.05, "job_speedup": 4.0}
 CLI = str(Path(sys.executable).with_name("dlrm-platform"))
+WARM_EPOCHS = 8
+_BLOCK_BATCHES_BEFORE = 8  # the block plan's default before its ~2 MiB floor: measured beside it where it differs
+CEILING_PASSES = 5
 
 
 def log(msg: str) -> None:
@@ -130,10 +142,19 @@ def ensure_data(job) -> None:
 
 
 def inprocess(job, quarantine: Path) -> dict[str, float]:
-    """Samples per CPU-second of read + the four transforms in this process (best of 2 passes)."""
+    """Samples per CPU-second in this process, no Ray, best of ``CEILING_PASSES`` passes each:
+
+    * ``inprocess_sps_per_cpu`` (the ceiling): the fused train pipeline's own read tasks, built as ``run`` builds
+      them and called here: the work each fused Ray task does (read, the shard's session order, the four
+      transforms a chunk at a time, the cut into blocks) and nothing of Ray's;
+    * ``transforms_sps_per_cpu``: the four transforms on each file or shard pair at once, without the session
+      order or the blocks (this benchmark's first ceiling; the read tasks do more work than this).
+    """
     import pyarrow.parquet as pq
 
     from dlrm_platform.ingest import dedup_convert, dedup_sessions, fused
+    from dlrm_platform.ingest.batching import packed_num_samples
+    from dlrm_platform.ingest.pipeline import fused_train_source
     from dlrm_platform.ingest.source import validate_dataset
     from dlrm_platform.ingest.transforms import TransformSpec
 
@@ -141,21 +162,30 @@ def inprocess(job, quarantine: Path) -> dict[str, float]:
     spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine)
     if job.dedup_enabled:
         pairs, _ = dedup_convert.dedup_job_shards(job, files.train, files.eval)
-    best = 0.0
-    for _ in range(2):
-        start, n = time.process_time(), 0
+
+    def transforms() -> int:
         if job.dedup_enabled:
-            for u, s in pairs:
-                out = fused.preprocess_sessions(dedup_sessions.read_session_shard(u, s, job.data.columns, str(quarantine)),
-                                                spec, job.ingest.batch_size)
-                n += sum(out.column("num_samples").to_pylist())
-        else:
-            for f in files.train:
-                out = fused.preprocess_flat(pq.read_table(f, columns=job.data.columns.columns), spec,
-                                            job.ingest.batch_size)
-                n += sum(out.column("num_samples").to_pylist())
-        best = max(best, n / max(time.process_time() - start, 1e-9))
-    return {"inprocess_sps_per_cpu": best}
+            return sum(sum(fused.preprocess_sessions(
+                dedup_sessions.read_session_shard(u, s, job.data.columns, str(quarantine)), spec,
+                job.ingest.batch_size).column("num_samples").to_pylist()) for u, s in pairs)
+        return sum(sum(fused.preprocess_flat(pq.read_table(f, columns=job.data.columns.columns), spec,
+                                             job.ingest.batch_size).column("num_samples").to_pylist())
+                   for f in files.train)
+
+    tasks = fused_train_source(job, files.train, files.eval, quarantine).get_read_tasks(1)
+
+    def read_tasks() -> int:
+        return sum(sum(packed_num_samples(block)) for task in tasks for block in task())
+
+    def best(work) -> float:
+        rates = []
+        for _ in range(CEILING_PASSES):
+            start = time.process_time()
+            n = work()
+            rates.append(n / max(time.process_time() - start, 1e-9))
+        return max(rates)
+
+    return {"inprocess_sps_per_cpu": best(read_tasks), "transforms_sps_per_cpu": best(transforms)}
 
 
 # --------------------------------------------------------------------------- pipeline alone
@@ -163,8 +193,10 @@ def inprocess(job, quarantine: Path) -> dict[str, float]:
 
 def pipeline_alone(job, quarantine: Path, data_cpus: float = 1.0) -> dict[str, float]:
     """The job's train pipeline, built as ``run`` builds it (tuner included), on a fresh 2-CPU cluster with
-    ``data_cpus`` for Ray Data, no trainer: a cold epoch, then the best of 3 warm epochs (the in-process
-    ceiling is a best of passes too; a warm epoch's time varies 2x on this shared machine)."""
+    ``data_cpus`` for Ray Data, no trainer: a cold epoch, then the best of ``WARM_EPOCHS`` warm epochs (the
+    in-process ceiling is a best of passes too; a warm epoch's time varies 2x on this shared machine, and the
+    first few warm epochs of a fresh cluster run slower: measured 190-230k vs 330-500k samples/s on the
+    Criteo-shaped data), and their median."""
     import ray
     from ray.data import DataContext, ExecutionOptions, ExecutionResources
 
@@ -183,7 +215,7 @@ def pipeline_alone(job, quarantine: Path, data_cpus: float = 1.0) -> dict[str, f
         ds = datasets.train
         ds.context.execution_options = ExecutionOptions(resource_limits=ExecutionResources(cpu=data_cpus))
         warm: list[dict[str, float]] = []
-        for epoch in range(4):
+        for epoch in range(1 + WARM_EPOCHS):
             start, first, n = time.perf_counter(), None, 0
             # Consumed as the job consumes it: the feed service takes block refs from the execution
             # (iter_internal_ref_bundles) and the trainers fetch each block; here this process fetches them.
@@ -204,11 +236,13 @@ def pipeline_alone(job, quarantine: Path, data_cpus: float = 1.0) -> dict[str, f
         best = max(warm, key=lambda f: f["sps"])
         out.update({f"warm_{k}": v for k, v in best.items()})
         out["warm_epochs_sps"] = [round(f["sps"]) for f in warm]
+        out["warm_median_sps_per_cpu"] = statistics.median(f["sps"] for f in warm) / data_cpus
         if handle is not None:
             handle.close()
         out["pipeline_sps_per_cpu"] = out["warm_sps"] / data_cpus
         out["streaming_sps_per_cpu"] = out["warm_streaming_sps"] / data_cpus
         out["pipeline"] = datasets.describe()
+        out["block_rows"] = datasets.block_rows
         return out
     finally:
         ray.shutdown()
@@ -300,8 +334,14 @@ def main(argv: list[str] | None = None) -> int:
             row: dict[str, Any] = inprocess(job, workdir / "q" / key)
             for label, extra in (("before", BEFORE), ("after", [])):
                 row[f"pipeline_{label}"] = pipeline_alone(load(over + extra), workdir / "q" / key)
+            eight = _BLOCK_BATCHES_BEFORE * job.ingest.batch_size
+            if row["pipeline_after"]["block_rows"] not in (None, eight):  # the block plan changed this pipeline
+                row["pipeline_after_8_batch_blocks"] = pipeline_alone(load(over + [f"ingest.block_rows={eight}"]),
+                                                                      workdir / "q" / key)
             row["pipeline_vs_inprocess"] = {
                 k: row[f"pipeline_{k}"]["pipeline_sps_per_cpu"] / row["inprocess_sps_per_cpu"] for k in ("before", "after")}
+            row["pipeline_vs_transforms"] = {
+                k: row[f"pipeline_{k}"]["pipeline_sps_per_cpu"] / row["transforms_sps_per_cpu"] for k in ("before", "after")}
             row["streaming_vs_inprocess"] = {
                 k: row[f"pipeline_{k}"]["streaming_sps_per_cpu"] / row["inprocess_sps_per_cpu"] for k in ("before", "after")}
             epoch_counts = () if args.no_jobs else (2,) if args.quick or name != "demo" or path != "dedup" else (2, 5)
@@ -324,14 +364,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_row(key: str, row: dict[str, Any]) -> None:
     print(f"\n== {key}")
-    print(f"  in process (ceiling)        {row['inprocess_sps_per_cpu']:>10,.0f} samples/s per CPU")
+    print(f"  in process (ceiling)        {row['inprocess_sps_per_cpu']:>10,.0f} samples/s per CPU "
+          f"(the read tasks; the transforms alone on whole files {row['transforms_sps_per_cpu']:,.0f})")
     for label in ("before", "after"):
         p = row[f"pipeline_{label}"]
         print(f"  pipeline alone, {label:<6}      {p['pipeline_sps_per_cpu']:>10,.0f} samples/s per CPU "
-              f"({row['pipeline_vs_inprocess'][label]:.2f}x the ceiling; after its first batch "
+              f"(median warm epoch {p['warm_median_sps_per_cpu']:,.0f}) "
+              f"({row['pipeline_vs_inprocess'][label]:.2f}x the ceiling, "
+              f"{row['pipeline_vs_transforms'][label]:.2f}x the transforms alone; after its first batch "
               f"{p['streaming_sps_per_cpu']:,.0f}, {row['streaming_vs_inprocess'][label]:.2f}x); "
               f"cold epoch {p['cold_sps']:,.0f}/s, first batch {p['cold_first_batch_s']:.2f} s cold, "
               f"{p['warm_first_batch_s']:.2f} s warm; {p['pipeline']}")
+    if "pipeline_after_8_batch_blocks" in row:
+        p = row["pipeline_after_8_batch_blocks"]
+        print(f"  after, 8-batch blocks        {p['pipeline_sps_per_cpu']:>10,.0f} samples/s per CPU "
+              f"(median warm epoch {p['warm_median_sps_per_cpu']:,.0f}): {p['pipeline']}")
     for k in sorted(k for k in row if k.startswith("job_") and k.endswith(("before", "after"))):
         j = row[k]
         print(f"  {k:<20} wait {j['job_data_wait_fraction']:.3f} per epoch {fmt(j['epoch_data_wait_fraction'])}, "

@@ -277,7 +277,8 @@ class IngestConfig(StrictModel):
         default=None, description="tasks and CPUs of the fused operator; None: from the data CPUs"
     )
     block_rows: int | None = Field(
-        default=None, ge=1, description="samples per block of the fused pipeline; None: ~8 batches, <= 8 MiB"
+        default=None, ge=1,
+        description="samples per block of the fused pipeline; None: whole batches, >= 8 of them and ~2 MiB, <= 8 MiB",
     )
     cache: EpochCacheConfig = Field(default_factory=EpochCacheConfig)
     coordinated_reads: Literal["auto", "steps", "blocks"] = Field(

@@ -114,9 +114,12 @@ def test_fused_session_reader_equals_the_split_operators_with_near_full_batches(
         assert all(n == 128 for n in sizes[:-1]) and sizes[-1] > 128 - 20
 
 
-def test_block_plan_defaults_to_eight_batches_capped_by_bytes():
+def test_block_plan_takes_at_least_eight_batches_and_2_mib_capped_by_8_mib():
     ingest = IngestConfig(batch_size=1024)
-    assert fused.plan_blocks(ingest).rows == 8192
+    assert fused.plan_blocks(ingest).rows == 8192  # not measured: 8 batches
+    assert fused.plan_blocks(ingest, bytes_per_sample=128).rows == 16384  # 8 batches are 1 MiB: 2 MiB
+    assert fused.plan_blocks(ingest, bytes_per_sample=100).rows == 21504  # whole batches reaching 2 MiB
+    assert fused.plan_blocks(ingest, bytes_per_sample=512).rows == 8192  # 8 batches are 4 MiB already
     assert fused.plan_blocks(ingest, bytes_per_sample=4096).rows == 2048  # 8 MiB cap
     assert fused.plan_blocks(ingest, bytes_per_sample=1 << 24).rows == 1024  # never below one batch
     assert fused.plan_blocks(IngestConfig(block_rows=300)).describe() == "300 samples per block (config)"

@@ -10,7 +10,8 @@ import pytest
 from dlrm_platform.config import DatasetSchema, JobConfig, OperatorConfig
 from dlrm_platform.errors import UserError
 from dlrm_platform.train.batches import unpack_batch
-from dlrm_platform.ingest.pipeline import build_job_datasets, cpu_budget
+from dlrm_platform.ingest.batching import packed_num_samples
+from dlrm_platform.ingest.pipeline import build_job_datasets, cpu_budget, fused_train_source
 from dlrm_platform.ingest.transforms import count_quarantined
 
 pytestmark = pytest.mark.integration
@@ -75,6 +76,24 @@ def test_every_row_arrives_exactly_once_in_packed_batches(ray_cluster, tmp_path,
     assert len(seen) == len(set(seen)) == 3 * 250 - 2
     assert max(sizes) <= 64
     assert count_quarantined(tmp_path / "quarantine") == {"label missing or not 0/1": 2}
+
+
+def test_fused_train_source_runs_the_fused_pipelines_work_without_ray(ray_cluster, tmp_path):
+    """benchmarks/ingest.py's ceiling calls these read tasks in one process: the same blocks as the pipeline."""
+    job = _job(tmp_path, hash_size=10**9)
+    files = _write_shards(tmp_path)
+    fused_op = OperatorConfig(concurrency=2, num_cpus=0.5)
+    pds = build_job_datasets(job, files, files[:1], tmp_path / "q1", fused_op=fused_op)
+    tasks = fused_train_source(job, files, files[:1], tmp_path / "q2").get_read_tasks(1)
+    local = [block for task in tasks for block in task()]
+    remote = list(pds.train.iter_batches(batch_size=None, batch_format="pyarrow"))
+
+    def samples(blocks):
+        return sorted(n for b in blocks for n in packed_num_samples(b))
+
+    assert len(tasks) == 3
+    assert samples(local) == samples(remote) and sum(samples(local)) == 3 * 250 - 2
+    assert max(sum(packed_num_samples(b)) for b in local) <= pds.block_rows
 
 
 def test_streaming_split_gives_each_trainer_whole_batches(ray_cluster, tmp_path):

@@ -387,6 +387,19 @@ def _plan_fused_blocks(job: JobConfig, sources: list, spec: TransformSpec,
     return plan, (int(plan.rows * bytes_per_sample) if bytes_per_sample else None)
 
 
+def fused_train_source(job: JobConfig, train_files: list[str], eval_files: list[str], quarantine_dir: Path):
+    """The fused train pipeline's datasource, as :func:`build_job_datasets` builds it (planned blocks included).
+
+    Its read tasks are the whole of what each fused Ray task runs; ``benchmarks/ingest.py`` calls them in one
+    process for the pipeline's ceiling.
+    """
+    spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine_dir)
+    sessions = job.dedup_enabled
+    train_src = dedup_convert.dedup_job_shards(job, train_files, eval_files)[0] if sessions else list(train_files)
+    plan, _ = _plan_fused_blocks(job, train_src, spec, sessions)
+    return _fused_source(train_src, spec, job.ingest, plan.rows, sessions)
+
+
 def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[str],
                        quarantine_dir: Path, *, fused_op: OperatorConfig | None = None) -> PipelineDatasets:
     """Train and eval pipelines for ``job``; rows that cannot be used go to ``quarantine_dir``.
