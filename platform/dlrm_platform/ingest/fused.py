@@ -68,7 +68,8 @@ _TARGET_BLOCK_BYTES = 8 << 20  # upper bound of one yielded block of packed batc
 _BATCHES_PER_BLOCK = 8  # default block: enough batches to amortise a block's overhead, early enough to overlap
 # Lower bound of a default block: every block pays Ray the same few ms (the worker's put and generator report,
 # the executor's bookkeeping, the consumer's get), so small blocks spend more on Ray than on work. Measured on
-# the demo (1 data CPU, pipeline alone): 1 MiB blocks (8 batches) 0.27-0.28 s per warm epoch, 2 MiB 0.21-0.23 s.
+# the demo (1 data CPU, pipeline alone, 5 interleaved rounds): median warm epoch 0.27-0.40 s with 1 MiB blocks
+# (8 batches), 0.21-0.26 s with 2 MiB.
 _MIN_BLOCK_BYTES = 2 << 20
 _MAX_ROWS_PER_TASK = 1 << 20  # a larger file is read by several tasks (row-group ranges)
 _MAX_BLOCKS_PER_CHUNK = 8  # blocks' samples transformed per call, once the chunks have grown
