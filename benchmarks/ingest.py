@@ -369,8 +369,8 @@ def print_row(key: str, row: dict[str, Any]) -> None:
     for label in ("before", "after"):
         p = row[f"pipeline_{label}"]
         print(f"  pipeline alone, {label:<6}      {p['pipeline_sps_per_cpu']:>10,.0f} samples/s per CPU "
-              f"(median warm epoch {p['warm_median_sps_per_cpu']:,.0f}) "
-              f"({row['pipeline_vs_inprocess'][label]:.2f}x the ceiling, "
+              f"(median warm epoch {p['warm_median_sps_per_cpu']:,.0f}; "
+              f"{row['pipeline_vs_inprocess'][label]:.2f}x the ceiling, "
               f"{row['pipeline_vs_transforms'][label]:.2f}x the transforms alone; after its first batch "
               f"{p['streaming_sps_per_cpu']:,.0f}, {row['streaming_vs_inprocess'][label]:.2f}x); "
               f"cold epoch {p['cold_sps']:,.0f}/s, first batch {p['cold_first_batch_s']:.2f} s cold, "

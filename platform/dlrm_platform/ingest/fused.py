@@ -127,8 +127,8 @@ def plan_blocks(ingest: IngestConfig, bytes_per_sample: float | None = None) -> 
     if bytes_per_sample and bytes_per_sample > 0:
         floor = math.ceil(_MIN_BLOCK_BYTES / bytes_per_sample / batch) * batch
         cap = int(_TARGET_BLOCK_BYTES // bytes_per_sample) // batch * batch
-        rows = min(max(rows, floor), max(batch, cap))
-    return BlockPlan(max(rows, batch), "auto")
+        rows = min(max(rows, floor), max(batch, cap))  # never below one batch
+    return BlockPlan(rows, "auto")
 
 
 # --------------------------------------------------------------------------- the fused functions

@@ -387,6 +387,14 @@ def _plan_fused_blocks(job: JobConfig, sources: list, spec: TransformSpec,
     return plan, (int(plan.rows * bytes_per_sample) if bytes_per_sample else None)
 
 
+def _job_sources(job: JobConfig, train_files: list[str], eval_files: list[str]) -> tuple[list, list]:
+    """What the train and eval pipelines read: the dedup shard pairs (``job.dedup_enabled``: the one switch,
+    :attr:`~dlrm_platform.config.JobConfig.dedup_enabled`; the trainer's model follows it), else the flat files."""
+    if job.dedup_enabled:
+        return dedup_convert.dedup_job_shards(job, train_files, eval_files)
+    return list(train_files), list(eval_files)
+
+
 def fused_train_source(job: JobConfig, train_files: list[str], eval_files: list[str], quarantine_dir: Path):
     """The fused train pipeline's datasource, as :func:`build_job_datasets` builds it (planned blocks included).
 
@@ -394,10 +402,9 @@ def fused_train_source(job: JobConfig, train_files: list[str], eval_files: list[
     process for the pipeline's ceiling.
     """
     spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine_dir)
-    sessions = job.dedup_enabled
-    train_src = dedup_convert.dedup_job_shards(job, train_files, eval_files)[0] if sessions else list(train_files)
-    plan, _ = _plan_fused_blocks(job, train_src, spec, sessions)
-    return _fused_source(train_src, spec, job.ingest, plan.rows, sessions)
+    train_src, eval_src = _job_sources(job, train_files, eval_files)
+    plan, _ = _plan_fused_blocks(job, train_src or eval_src, spec, job.dedup_enabled)
+    return _fused_source(train_src, spec, job.ingest, plan.rows, job.dedup_enabled)
 
 
 def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[str],
@@ -411,12 +418,11 @@ def build_job_datasets(job: JobConfig, train_files: list[str], eval_files: list[
     """
     spec = TransformSpec.from_config(job.data.columns, job.ingest, quarantine_dir)
     remote_args = data_remote_args(job)  # ray.placement: every task on the data nodes
-    sessions = job.dedup_enabled  # the one switch (config.JobConfig.dedup_enabled); the trainer's model follows it
+    sessions = job.dedup_enabled
+    train_src, eval_src = _job_sources(job, train_files, eval_files)
     if sessions:
-        train_src, eval_src = dedup_convert.dedup_job_shards(job, train_files, eval_files)
         files = {"train": [f for pair in train_src for f in pair], "eval": [f for pair in eval_src for f in pair]}
     else:
-        train_src, eval_src = list(train_files), list(eval_files)
         files = {"train": [str(f) for f in train_src], "eval": [str(f) for f in eval_src]}
     if fused_op is not None:
         plan, block_bytes = _plan_fused_blocks(job, train_src or eval_src, spec, sessions)
