@@ -114,6 +114,49 @@ def test_fused_session_reader_equals_the_split_operators_with_near_full_batches(
         assert all(n == 128 for n in sizes[:-1]) and sizes[-1] > 128 - 20
 
 
+def test_session_reader_batches_slices_of_the_shards_order_as_the_split_batch_orders_it(tmp_path):
+    # The read task transforms the whole shard once and batches consecutive slices of its session order:
+    # with a block that holds the whole shard, its batches are the split pipeline's, row for row and in
+    # order; cut smaller, the same sessions come in the same order; bad labels are quarantined once.
+    table = _flat(3000, seed=2, bad_labels=4)
+    users, samples, _ = dedup_convert.convert_table(table, COLUMNS)
+    u, s = dedup_storage.write_shard(users, samples, tmp_path, "part-00000", "sid")
+    whole = dedup_sessions.read_session_shard(str(u), str(s), COLUMNS)
+    expected = fused.preprocess_sessions(whole, _spec(tmp_path / "ref"), 128)
+    one = list(fused._session_reader(str(u), str(s), _spec(tmp_path / "one"), 128, 1 << 20)())
+    assert len(one) == 1 and one[0].equals(expected)
+    cut = list(fused._session_reader(str(u), str(s), _spec(tmp_path), 128, 512)())
+    assert len(cut) > 4
+    assert _dedup_samples(cut) == _dedup_samples([expected])
+    first_user = [np.asarray(t.column("user_dense")[0].values)[0] for t in (expected, cut[0])]
+    assert first_user[0] == first_user[1]  # the order's first session opens the first block
+    assert transforms.count_quarantined(tmp_path / "q") == {"label missing or not 0/1": 4}
+    assert transforms.count_quarantined(tmp_path / "one" / "q") == {"label missing or not 0/1": 4}
+
+
+def test_dedup_batch_takes_only_the_sessions_named_in_the_order_given(tmp_path):
+    from dlrm_platform.ingest import dedup_operators as ops
+
+    spec = _spec(tmp_path)
+    table = _flat(1200, seed=3)
+    users, samples, _ = dedup_convert.convert_table(table, COLUMNS)
+    block = ops.sparse_transform(ops.dense_transform(ops.parse(_session_block(users, samples, tmp_path), spec),
+                                                     spec), spec)
+    order = ops.batch_order(block, spec)
+    assert sorted(order.tolist()) == list(range(block.num_rows))  # every (non-empty) session once
+    assert ops.batch(block, spec, 64, order).equals(ops.batch(block, spec, 64))
+    half = order[: len(order) // 2]
+    counts = np.diff(dedup_sessions.samples_offsets(block))
+    part = ops.batch(block, spec, 64, half)
+    assert sum(part.column("num_samples").to_pylist()) == int(counts[half].sum())
+    assert ops.batch(block, spec, 64, half[:0]).num_rows == 0
+
+
+def _session_block(users: pa.Table, samples: pa.Table, tmp_path: Path) -> pa.Table:
+    u, s = dedup_storage.write_shard(users, samples, tmp_path, "part-x", "sid")
+    return dedup_sessions.read_session_shard(str(u), str(s), COLUMNS)
+
+
 def test_block_plan_takes_at_least_eight_batches_and_2_mib_capped_by_8_mib():
     ingest = IngestConfig(batch_size=1024)
     assert fused.plan_blocks(ingest).rows == 8192  # not measured: 8 batches

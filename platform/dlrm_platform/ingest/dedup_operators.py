@@ -26,11 +26,11 @@ import pyarrow.compute as pc
 from dlrm_platform.ingest import transforms
 from dlrm_platform.ingest.batching import list_lengths_and_values
 from dlrm_platform.ingest.dedup_batching import DEDUP_PACKED_SCHEMA, pack_dedup_arrays
-from dlrm_platform.ingest.dedup_sessions import join_block, session_order_of_keys, split_block
+from dlrm_platform.ingest.dedup_sessions import join_block, samples_offsets, session_order_of_keys, split_block
 from dlrm_platform.ingest.dedup_storage import item_columns, key_array, user_columns
 from dlrm_platform.ingest.transforms import TransformSpec, hash_ids
 
-__all__ = ["batch", "dense_transform", "parse", "sparse_transform"]
+__all__ = ["batch", "batch_order", "dense_transform", "parse", "sparse_transform"]
 
 
 def _normalized_list(arr: pa.Array) -> pa.Array:
@@ -139,20 +139,28 @@ def _jagged_slice(lengths: np.ndarray, offsets: np.ndarray, values: np.ndarray, 
     return lengths[lo:hi], values[offsets[lo] : offsets[hi]]
 
 
-def batch(block: pa.Table, spec: TransformSpec, batch_size: int) -> pa.Table:
+def batch_order(block: pa.Table, spec: TransformSpec) -> np.ndarray:
+    """int64 [S']: the block's non-empty sessions (indices into its rows) in the fixed pseudo-random order
+    :func:`batch` takes them in (:func:`~dlrm_platform.ingest.dedup_sessions.session_order_of_keys`)."""
+    keep = np.flatnonzero(np.diff(samples_offsets(block)) > 0)
+    return keep[session_order_of_keys(key_array(block.column(spec.columns.session_key))[keep])]
+
+
+def batch(block: pa.Table, spec: TransformSpec, batch_size: int, order: np.ndarray | None = None) -> pa.Table:
     """Cut a session block into packed IKJT batches (:data:`DEDUP_PACKED_SCHEMA`), one row each.
 
-    Sessions are taken whole in a fixed pseudo-random order; every batch holds
-    exactly ``batch_size`` samples except the block's last; a session that
-    straddles a boundary contributes a user row to both batches.
+    Sessions are taken whole in a fixed pseudo-random order (:func:`batch_order`), or only the
+    sessions ``order`` names (int64 [S'], indices into the block's rows), in that order: a read
+    task batches a shard's consecutive slices of its order without copying the shard per slice.
+    Every batch holds exactly ``batch_size`` samples except the last; a session that straddles a
+    boundary contributes a user row to both batches.
     """
     cols = spec.columns
     top, offsets, fields = split_block(block)
     counts = np.diff(offsets)
-    keep = np.flatnonzero(counts > 0)
-    if len(keep) == 0:
+    order = batch_order(block, spec) if order is None else order[counts[order] > 0]
+    if len(order) == 0:
         return DEDUP_PACKED_SCHEMA.empty_table()
-    order = keep[session_order_of_keys(key_array(top[cols.session_key])[keep])]
     counts_o = counts[order]
     n = int(counts_o.sum())
     # Samples in session order: their row in `fields` and the position of their session in `order`.
