@@ -109,6 +109,7 @@ from dlrm_platform.tuner.sleep_pipelines import (  # noqa: E402
 
 POLICIES = ["static", "ray_default", "plumber", "hill_climb", "rl", "oracle"]
 ORACLE_SHORTLIST = "measured"
+RL_OPTIONS: dict = {}  # policy options for `rl` (--rl-judge-moves)
 ORACLE_SETTLE_S, ORACLE_MEASURE_S = 4.0, 8.0  # per candidate: settle after the switch, then average
 ORACLE_WARMUP_S = 15.0  # the initial allocation measured before the model shortlist is drawn
 ORACLE_FINALISTS, ORACLE_FINAL_MEASURE_S = 3, 20.0  # the best 3 measured again, longer
@@ -251,7 +252,7 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     cfg = TunerConfig(policy=policy, interval_s=1.0, policy_path=policy_path)
-    options = {}
+    options = dict(RL_OPTIONS) if policy == "rl" else {}
     if policy == "oracle":
         if ORACLE_SHORTLIST == "truth":
             options["oracle_candidates"] = oracle_shortlist(pipe, oracle_k)
@@ -596,7 +597,7 @@ def simulated_suite(pipe: PipelineDef, policies: list[str], args) -> dict:
     out: dict = {"throughput": {}, "seconds_to_95pct": {}, "shift": {}}
     steps = int(args.run_s)
     for pol in policies:
-        opts = {}
+        opts = dict(RL_OPTIONS) if pol == "rl" else {}
         if pol == "ray_default":
             continue  # Ray's own autoscaler is not simulated
         if pol == "oracle":
@@ -867,6 +868,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rl-policy", metavar="PATH",
                     help="the RL net to test, simulated (--sim-only suite and ablation; a `dlrm-platform tuner train"
                          " --out` directory); default: the shipped one")
+    ap.add_argument("--rl-judge-moves", action="store_true",
+                    help="rl judges its moves by the throughput they delivered (policy option rl_judge_moves; "
+                         "off by default: see tuner/README.md, End-to-end judgement)")
     ap.add_argument("--suite", action="store_true",
                     help="every pipeline under benchmarks/pipelines/ (instead of --pipeline), then rl's ratios to"
                     " each baseline per pipeline and their geometric means, against the targets")
@@ -889,6 +893,8 @@ def main(argv=None) -> int:
     args.plot_dir.mkdir(parents=True, exist_ok=True)
     global ORACLE_SHORTLIST
     ORACLE_SHORTLIST = args.oracle_shortlist
+    if args.rl_judge_moves:
+        RL_OPTIONS["rl_judge_moves"] = True
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     pipe = load_pipeline(args.pipeline)
     kinds = ["local", "multinode"] if args.cluster == "both" else [args.cluster]

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from dlrm_platform.tuner.rl import RLPolicyRunner
-from dlrm_platform.tuner.scaling import ScalingMemory
+from dlrm_platform.tuner.scaling import AllocationThroughput, ScalingMemory
 from dlrm_platform.tuner.simulator import SimOp, SimPipeline, from_profile, run_controller_in_sim
 from dlrm_platform.tuner.sleep_pipelines import PipelineDef, _ContendedService
 from dlrm_platform.tuner.spec import TunerSpec
@@ -187,3 +187,101 @@ def test_auto_keeps_plumbers_lp_within_the_slots_measured_to_pay(seed):
         share[policy] = float(np.mean([x["throughput"] for x in trace[-30:]])) / optimum
     assert share["plumber"] < 0.8, share
     assert share["auto"] >= 0.9, share
+
+
+# --------------------------------------------------------------------------- end-to-end judgement of moves
+
+
+def _visit(moves: AllocationThroughput, t0: float, alloc: dict[str, int], rates: list[float]) -> float:
+    """Record one visit of ``alloc`` from ``t0``: a change at t0, then one 1 s window per rate; returns the end."""
+    t = t0
+    for i, r in enumerate(rates):
+        t = t0 + 2.0 + i  # settle_s 1: the first window counted starts 1 s after the change
+        moves.record(t, alloc, r, 1.0, since_change_s=t - t0)
+    return t
+
+
+def test_allocation_throughput_names_what_delivered_clearly_more_and_keeps_the_grown_operator_there():
+    moves = AllocationThroughput(warmup_s=0.0)
+    five, nine = {"read": 2, "lookup": 5}, {"read": 1, "lookup": 9}
+    t = _visit(moves, 0.0, five, [7000.0] * 8)
+    assert moves.better_than_now(t, five) is None  # nothing else measured
+    changed = t
+    t = _visit(moves, changed, nine, [4000.0, 4200.0, 3900.0])
+    assert not moves.ready(nine) and moves.better_than_now(t, nine) is None  # not measured long enough yet
+    for r in (4100.0, 4000.0):  # the same visit goes on
+        t += 1.0
+        moves.record(t, nine, r, 1.0, since_change_s=t - changed)
+    target, gain = moves.better_than_now(t, nine)
+    assert target == five and gain == pytest.approx(7000 / 4040 - 1, rel=0.02)
+    assert moves.limit("lookup", t) == 5 and moves.limit("read", t) is None  # only what the move grew
+    assert moves.limit("lookup", t + moves.memory_s + 1) is None  # the evidence expires
+    # within the noise (the 25% prior until 8 windows have been compared): no move back
+    other = {"read": 2, "lookup": 6}
+    t = _visit(moves, t, other, [6300.0] * 5)
+    assert moves.better_than_now(t, other) is None
+
+
+def test_each_visit_is_measured_on_its_own():
+    moves = AllocationThroughput(warmup_s=0.0)
+    alloc = {"lookup": 5}
+    t = _visit(moves, 0.0, alloc, [7000.0] * 6)
+    _visit(moves, t + 10.0, alloc, [3500.0] * 6)  # back after a cost shift: not averaged with before
+    assert moves.measured[moves.key(alloc)][0] == pytest.approx(3500.0)
+
+
+def test_the_first_seconds_of_delivery_are_nobodys_steady_state():
+    moves = AllocationThroughput(warmup_s=20.0)
+    burst, later = {"sparse_hash": 4}, {"sparse_hash": 6}
+    t = _visit(moves, 0.0, burst, [0.0, 0.0, 8000.0, 8100.0, 7900.0, 8000.0])  # queued blocks flushing
+    assert not moves.measured  # within 20 s of the first rows delivered
+    t = _visit(moves, t, later, [5000.0] * 30)
+    assert moves.better_than_now(t, later) is None
+    assert moves.ready(later)
+
+
+def test_growth_measured_to_deliver_less_is_probed_below_once():
+    moves = AllocationThroughput(warmup_s=0.0)
+    t = _visit(moves, 0.0, {"lookup": 12}, [5000.0] * 8)
+    t = _visit(moves, t, {"lookup": 16}, [3000.0] * 5)
+    assert moves.better_than_now(t, {"lookup": 16})[0] == {"lookup": 12}
+    assert moves.probe_fewer(t, {"lookup": 12}, {"lookup": 1}) == ("lookup", 9)  # 0.7 x 12
+    assert moves.limit("lookup", t) == 9  # held there until the probe is judged
+    assert moves.probe_fewer(t + 5, {"lookup": 12}, {"lookup": 1}) is None  # tried lately
+    assert moves.probe_fewer(t + 5, {"lookup": 9}, {"lookup": 1}) == ("lookup", 7)  # and lower, step by step
+
+
+def test_noisy_operator_counters_only_noise_the_operators_not_the_delivered_rows():
+    from dlrm_platform.tuner.observe import RawOp, RawSnapshot
+    from dlrm_platform.tuner.simulator import NoisyCounters
+
+    counters = NoisyCounters(0.0, np.random.default_rng(0), op_sigma=0.8)
+    counters(RawSnapshot(0.0, {"a": RawOp()}, 0.0))
+    deltas, last = [], 0.0
+    for i in range(1, 50):
+        snap = counters(RawSnapshot(float(i), {"a": RawOp(rows_out=1000.0 * i, slot_seconds=float(i))}, 1000.0 * i))
+        assert snap.sink_rows == pytest.approx(1000.0 * i)
+        deltas.append(snap.ops["a"].rows_out - last)
+        last = snap.ops["a"].rows_out
+    assert np.std(deltas) > 300.0  # per-second counts swing as a long-task operator's do live
+
+
+def _noisy_contended() -> SimPipeline:
+    # the contended pipeline with operator counters as noisy as live (sigma 0.8 per second: a lookup whose
+    # tasks outlast the interval), the delivered rows as steady as the sink's
+    pipe = _contended_pipeline()
+    pipe.op_noise = 0.8
+    return pipe
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rl_judges_its_moves_by_what_they_delivered_where_counters_are_too_noisy(seed):
+    _, optimum = _noisy_contended().optimum()
+    share = {}
+    for judge in (False, True):
+        spec = TunerSpec(f"judge-{judge}-{seed}", "rl", 24.0, _noisy_contended().specs({"read": 1, "lookup": 3, "pack": 1}),
+                         options={"rl_judge_moves": judge})
+        trace = run_controller_in_sim(_noisy_contended(), spec, steps=160, seed=seed)
+        share[judge] = float(np.mean([x["throughput"] for x in trace[-80:]])) / optimum
+    assert share[False] < 0.6, share  # its own counters say "more lookup slots": past the peak
+    assert share[True] >= 0.85, share

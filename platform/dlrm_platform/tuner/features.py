@@ -19,7 +19,7 @@ import numpy as np
 
 from dlrm_platform.tuner.actions import K_MAX, N_ACTIONS, action_mask, free_cpus
 from dlrm_platform.tuner.observe import Observation
-from dlrm_platform.tuner.scaling import ScalingMemory
+from dlrm_platform.tuner.scaling import AllocationThroughput, ScalingMemory
 from dlrm_platform.tuner.spec import OpSpec
 
 F = 12   # per-operator features
@@ -46,8 +46,10 @@ class FeatureState:
         self.best = 0.0
         self.prev: float | None = None
         self.ema: float | None = None
-        # not a feature: the policy's memory of how each operator scaled (rl's shield reads it)
+        # not features: the policy's memory of how each operator scaled and of what each allocation
+        # delivered end to end (rl's shield reads both)
         self.scaling = ScalingMemory(names)
+        self.moves = AllocationThroughput()
 
     def note_action(self, before: Mapping[str, int], after: Mapping[str, int]) -> None:
         changed = False

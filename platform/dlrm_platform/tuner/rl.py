@@ -127,6 +127,9 @@ class RLPolicyRunner:
             if back is not None:
                 return back
             limits = {s.name: lim for s in specs if (lim := fs.scaling.limit(s.name)) is not None}
+        for s in specs:  # a move that grew it was measured to deliver less end to end
+            if (lim := fs.moves.limit(s.name, obs.t)) is not None:
+                limits[s.name] = min(limits.get(s.name, lim), lim)
         # the net sees the plain mask (as in training); the shield only vetoes its choice
         memory_bound = obs.at_memory_limit  # "+1" only from upstream slots (actions.py)
         allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, self.shield_min_gain, memory_bound)
@@ -171,6 +174,8 @@ class RLPolicyRunner:
             k = fs.scaling.better(s.name, alloc[s.name], self.scaling_margin)
             if k is None or k < s.min_slots:
                 continue
+            if (lim := fs.moves.limit(s.name, obs.t)) is not None and k > lim:
+                continue  # more slots measured to deliver less end to end, whatever its own counters said
             if k > alloc[s.name] and (s.name != obs.bottleneck() or (k - alloc[s.name]) * s.num_cpus > free + 1e-9):
                 continue  # more slots only for the bottleneck (undoing a probe), from free CPUs
             curve = fs.scaling.settled(s.name)

@@ -61,6 +61,12 @@ class ScalingMemory:
                 seen = None
             curve[k] = (cap, self.step, 1) if seen is None else (0.5 * (seen[0] + cap), self.step, seen[2] + 1)
 
+    def forget_above(self, name: str, k: int) -> None:
+        """Drop ``name``'s points above ``k`` slots (what it delivered there end to end says otherwise)."""
+        curve = self.curves.get(name, {})
+        for j in [j for j in curve if j > k]:
+            del curve[j]
+
     def settled(self, name: str) -> dict[int, float]:
         """Slot count -> capacity, for every point recorded (each one measured steady)."""
         return {k: v[0] for k, v in self.curves.get(name, {}).items()}
@@ -111,3 +117,151 @@ class ScalingMemory:
     def describe(self, name: str) -> str:
         curve = self.settled(name)
         return ", ".join(f"{curve[k]:,.0f} at {k}" for k in sorted(curve))
+
+
+class AllocationThroughput:
+    """The samples/s each recent whole allocation delivered, end to end, and whether the moves paid.
+
+    :class:`ScalingMemory` judges an operator by its own counters, which are block-granular: live, the
+    contended lookup of ``benchmarks/pipelines/contended_lookup.yaml`` (tasks that outlast the tuner's
+    interval) measured 9.3k, 8.2k, 1.0k, 0.9k samples/s of capacity in consecutive seconds at fixed
+    slots, so its rules never fired and a policy kept growing the lookup past its peak. The delivered
+    throughput is what every move is for and does not depend on any one operator's counters. Each visit
+    to an allocation is measured on its own (a return after a cost shift is not averaged with what it
+    delivered before), over ``min_measure_s`` at least. Where an allocation measured within the last
+    ``memory_s`` delivered more than the current one by more than ``noise_k`` times the measured noise
+    (at least ``min_margin``), :meth:`better_than_now` names it; the operators the current allocation
+    has more slots of are then kept at that allocation's slots for ``memory_s``.
+    """
+
+    def __init__(self, memory_s: float = 60.0, min_measure_s: float = 4.0, settle_s: float = 1.0,
+                 min_margin: float = 0.08, noise_k: float = 2.0, alpha: float = 0.2, prior_noise: float = 0.25,
+                 prior_windows: int = 8, warmup_s: float = 20.0):
+        self.memory_s = memory_s
+        self.min_measure_s = min_measure_s
+        self.settle_s = settle_s
+        self.min_margin = min_margin
+        self.noise_k = noise_k
+        self.alpha = alpha
+        #: allocation -> (mean delivered samples/s over its latest visit, seconds measured, time last measured)
+        self.measured: dict[tuple[tuple[str, int], ...], tuple[float, float, float]] = {}
+        # smoothed relative deviation of one window's throughput from its visit's mean; until
+        # `prior_windows` have been compared, a conservative prior (a sink that delivers a few large
+        # blocks a second swings +-30% between windows)
+        self.noise = prior_noise
+        self.prior_windows = prior_windows
+        self.windows = 0
+        # A pipeline's first seconds of delivery are no allocation's steady state: live, nothing for
+        # 5-37 s (workers starting), then bursts of 8k samples/s as queued blocks flush, then 5k.
+        self.warmup_s = warmup_s
+        self.delivering_since: float | None = None
+        self._first: list[float] = []
+        #: operator -> (slots it is kept at or below, until when)
+        self.limits: dict[str, tuple[int, float]] = {}
+        #: operator -> until when: more of its slots delivered less, so fewer may deliver more
+        self.suspects: dict[str, float] = {}
+        self.times_limited: dict[str, int] = {}
+        self.probed: dict[tuple[str, int], float] = {}  # (operator, slots) -> when last probed
+        self.max_memory_s = 8 * memory_s
+
+    @staticmethod
+    def key(alloc: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted(alloc.items()))
+
+    def record(self, t: float, alloc: Mapping[str, int], throughput: float, window_s: float,
+               since_change_s: float) -> None:
+        """One window's delivered samples/s at ``alloc`` (ignored until the allocation has settled)."""
+        if self.delivering_since is None and throughput > 0:
+            self.delivering_since = t
+        if self.delivering_since is None or t - self.delivering_since < self.warmup_s:
+            return
+        measured_for = min(since_change_s, t - self.delivering_since - self.warmup_s) - self.settle_s
+        if measured_for <= 0 or window_s <= 0:
+            return
+        key = self.key(alloc)
+        old = self.measured.get(key)
+        if old is not None and old[1] > measured_for + 1e-9:
+            old = None  # a new visit (the counters of the last one describe another time)
+        # windows overlap (a 3 s window each 1 s tick): weigh each by the time it adds
+        weight = min(window_s, measured_for, math.inf if old is None else t - old[2])
+        if weight <= 0:
+            return
+        if old is None:
+            self.measured[key] = (throughput, weight, t)
+            return
+        mean, secs, _ = old
+        if mean > 0 and secs >= self.min_measure_s:
+            dev = abs(throughput - mean) / mean
+            self.windows += 1
+            if self.windows <= self.prior_windows:  # the prior holds until enough windows: then their mean
+                self._first.append(dev)
+                if self.windows == self.prior_windows:
+                    self.noise = sum(self._first) / len(self._first)
+            else:
+                self.noise = (1 - self.alpha) * self.noise + self.alpha * dev
+        secs += weight
+        self.measured[key] = (mean + (throughput - mean) * weight / secs, secs, t)
+
+    def new_execution(self) -> None:
+        """A new execution of the pipeline (an epoch's pass) starts delivering, and warms up, anew."""
+        self.delivering_since = None
+
+    def margin(self) -> float:
+        # a mean over min_measure_s of ~1 s windows: its error is about one window's / sqrt(seconds)
+        return max(self.min_margin, self.noise_k * self.noise / math.sqrt(max(self.min_measure_s, 1.0)))
+
+    def ready(self, alloc: Mapping[str, int]) -> bool:
+        """``alloc``'s current visit has been measured long enough to be compared."""
+        m = self.measured.get(self.key(alloc))
+        return m is not None and m[1] >= self.min_measure_s
+
+    def better_than_now(self, t: float, alloc: Mapping[str, int]) -> tuple[dict[str, int], float] | None:
+        """(the allocation measured lately that delivered the most, its gain over ``alloc``) where that
+        gain clears the margin; None otherwise, or while ``alloc`` is not measured long enough. Keeps
+        the operators ``alloc`` has more slots of at that allocation's slots for ``memory_s``."""
+        now = self.measured.get(self.key(alloc))
+        if now is None or now[1] < self.min_measure_s or now[0] <= 0:
+            return None
+        for key in [k for k, m in self.measured.items() if t - m[2] > self.memory_s]:
+            del self.measured[key]
+        cands = [(m[0], k) for k, m in self.measured.items() if m[1] >= self.min_measure_s and k != self.key(alloc)]
+        if not cands:
+            return None
+        best, key = max(cands)
+        if best <= now[0] * (1.0 + self.margin()):
+            return None
+        target = dict(key)
+        for name, k in target.items():
+            if alloc.get(name, 0) > k:
+                # each time growing it is measured not to pay again, the evidence is kept twice as long
+                # (a re-test costs the pipeline the seconds it runs past the peak)
+                self.times_limited[name] = self.times_limited.get(name, 0) + 1
+                keep = min(self.memory_s * 2 ** (self.times_limited[name] - 1), self.max_memory_s)
+                self.limits[name] = (k, t + keep)
+                self.suspects[name] = t + self.memory_s  # its peak may lie below k too
+            elif (lim := self.limit(name, t)) is not None and k > lim:
+                self.limits[name] = (k, self.limits[name][1])  # measured best there
+        return target, best / now[0] - 1.0
+
+    def probe_fewer(self, t: float, alloc: Mapping[str, int], min_slots: Mapping[str, int],
+                    share: float = 0.7) -> tuple[str, int] | None:
+        """(operator, slots) to try next: an operator whose growth was measured to deliver less (its
+        peak may lie lower still) at ``share`` of its slots, where that allocation was not measured
+        lately; kept at or below it until measured. None: nothing to probe."""
+        for name in [n for n, until in self.suspects.items() if t > until]:
+            del self.suspects[name]
+        for name in sorted(self.suspects):
+            k = max(min_slots.get(name, 1), math.ceil(alloc.get(name, 0) * share))
+            if k >= alloc.get(name, 0) or t - self.probed.get((name, k), -math.inf) <= self.memory_s:
+                continue  # nothing below, or tried lately (whatever the other operators had then)
+            self.probed[(name, k)] = t
+            self.limits[name] = (k, t + self.memory_s)
+            return name, k
+        return None
+
+    def limit(self, name: str, t: float) -> int | None:
+        """The slots ``name`` is kept at or below (more were measured to deliver less), if any."""
+        lim = self.limits.get(name)
+        if lim is None or t > lim[1]:
+            return None
+        return lim[0]

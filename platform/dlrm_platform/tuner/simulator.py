@@ -87,6 +87,9 @@ class SimPipeline:
     consumer_rate: float = math.inf     # samples/s the trainers can take
     mem_limit: float = 2e9              # bytes
     noise: float = 0.06                 # multiplicative measurement noise (std of log)
+    # more noise on the operators' own counters only (std of log, per step), not on the delivered
+    # throughput: live, an operator whose tasks outlast the interval sees 0-3 of them finish per second
+    op_noise: float = 0.0
     lumpy: bool = False                 # outputs become visible a block at a time (as live)
 
     @property
@@ -246,8 +249,9 @@ class NoisyCounters:
     """Adds mean-preserving multiplicative noise to counter increments, as block
     granularity and scheduling jitter do to live measurements."""
 
-    def __init__(self, sigma: float, rng: np.random.Generator, block_rows: float = 0.0):
+    def __init__(self, sigma: float, rng: np.random.Generator, block_rows: float = 0.0, op_sigma: float = 0.0):
         self.sigma = sigma
+        self.op_sigma = math.hypot(sigma, op_sigma)  # the operators' counters: both noises
         self.rng = rng
         self.block_rows = block_rows  # >0: outputs become visible a whole block at a time
         self.prev_true: RawSnapshot | None = None
@@ -260,12 +264,12 @@ class NoisyCounters:
             self.acc = {n: [o.rows_out, o.slot_seconds] for n, o in snap.ops.items()}
             self.sink = snap.sink_rows
             return snap
-        def z() -> float:
-            return float(np.exp(self.rng.normal(0.0, self.sigma) - self.sigma**2 / 2))
+        def z(sigma: float = self.sigma) -> float:
+            return float(np.exp(self.rng.normal(0.0, sigma) - sigma**2 / 2))
         ops = {}
         for n, o in snap.ops.items():
             po = self.prev_true.ops[n]
-            self.acc[n][0] += (o.rows_out - po.rows_out) * z()
+            self.acc[n][0] += (o.rows_out - po.rows_out) * z(self.op_sigma)
             self.acc[n][1] += (o.slot_seconds - po.slot_seconds) * z()
             rows, busy = self.acc[n][0], self.acc[n][1]
             if self.block_rows > 0 and rows > 0:
@@ -461,7 +465,8 @@ def make_env_class():
             self.alloc = options.get("allocation") or initial_allocation(self.pipe, self.rng)
             self.sim = PipelineSim(self.pipe, self.rng)
             self.sim.set_allocation(self.alloc)
-            self.noise = NoisyCounters(self.pipe.noise, self.rng, self.pipe.block_rows if self.pipe.lumpy else 0.0)
+            self.noise = NoisyCounters(self.pipe.noise, self.rng, self.pipe.block_rows if self.pipe.lumpy else 0.0,
+                                       self.pipe.op_noise)
             self.observer = WindowedObserver(self.cfg.window_s, self.cfg.settle_s)
             self.fs = FeatureState(self.pipe.names)
             self.steps = 0
@@ -562,7 +567,7 @@ def run_controller_in_sim(
     ctl = Controller(spec)
     sim = PipelineSim(pipe, rng)
     sim.set_allocation(ctl.allocation)
-    noise = NoisyCounters(pipe.noise, rng, pipe.block_rows if pipe.lumpy else 0.0)
+    noise = NoisyCounters(pipe.noise, rng, pipe.block_rows if pipe.lumpy else 0.0, pipe.op_noise)
     ctl.start_epoch()
     ctl.tick(noise(RawSnapshot(0.0, {n: RawOp() for n in pipe.names}, 0.0, 0.0, pipe.mem_limit)), pipe.budget)
     _, t_opt = pipe.optimum()
