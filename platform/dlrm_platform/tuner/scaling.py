@@ -131,7 +131,9 @@ class AllocationThroughput:
     delivered before), over ``min_measure_s`` at least. Where an allocation measured within the last
     ``memory_s`` delivered more than the current one by more than ``noise_k`` times the measured noise
     (at least ``min_margin``), :meth:`better_than_now` names it; the operators the current allocation
-    has more slots of are then kept at that allocation's slots for ``memory_s``.
+    has more slots of are then kept at that allocation's slots for ``memory_s`` (doubled each time the
+    same operator is caught again), and :meth:`probe_fewer` tries them lower, step by step. Nothing is
+    measured in a pass's first ``warmup_s`` of delivery. Used by ``rl`` with ``rl_judge_moves``.
     """
 
     def __init__(self, memory_s: float = 60.0, min_measure_s: float = 4.0, settle_s: float = 1.0,
@@ -151,11 +153,11 @@ class AllocationThroughput:
         self.noise = prior_noise
         self.prior_windows = prior_windows
         self.windows = 0
+        self._first: list[float] = []  # the first windows' deviations (replace the prior once enough)
         # A pipeline's first seconds of delivery are no allocation's steady state: live, nothing for
         # 5-37 s (workers starting), then bursts of 8k samples/s as queued blocks flush, then 5k.
         self.warmup_s = warmup_s
         self.delivering_since: float | None = None
-        self._first: list[float] = []
         #: operator -> (slots it is kept at or below, until when)
         self.limits: dict[str, tuple[int, float]] = {}
         #: operator -> until when: more of its slots delivered less, so fewer may deliver more
@@ -246,8 +248,8 @@ class AllocationThroughput:
     def probe_fewer(self, t: float, alloc: Mapping[str, int], min_slots: Mapping[str, int],
                     share: float = 0.7) -> tuple[str, int] | None:
         """(operator, slots) to try next: an operator whose growth was measured to deliver less (its
-        peak may lie lower still) at ``share`` of its slots, where that allocation was not measured
-        lately; kept at or below it until measured. None: nothing to probe."""
+        peak may lie lower still) at ``share`` of its slots, unless that count was probed within
+        ``memory_s``; kept at or below it until measured. None: nothing to probe."""
         for name in [n for n, until in self.suspects.items() if t > until]:
             del self.suspects[name]
         for name in sorted(self.suspects):
