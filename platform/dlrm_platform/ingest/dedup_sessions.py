@@ -44,7 +44,6 @@ __all__ = [
     "read_session_shard",
     "samples_offsets",
     "session_block_to_flat",
-    "session_order",
     "session_order_of_keys",
     "split_block",
 ]
@@ -152,11 +151,6 @@ def session_order_of_keys(keys: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     seed = int(np.bitwise_xor.reduce(keys.astype(np.uint64)) & np.uint64(0xFFFFFFFF)) ^ len(keys)
     return np.random.default_rng(seed).permutation(len(keys))
-
-
-def session_order(block: pa.Table, key: str) -> np.ndarray:
-    """The fixed pseudo-random order of a session block's sessions (see :func:`session_order_of_keys`)."""
-    return session_order_of_keys(key_array(block.column(key)))
 
 
 class SessionParquetDatasource(Datasource):

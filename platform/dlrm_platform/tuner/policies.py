@@ -576,10 +576,11 @@ class RLPolicy(Policy):
         self.awaiting: set[str] = set()
         self.min_evidence_s = float(self.opts.get("settle_s", 1.0)) + float(self.opts.get("rl_min_hold_s", 1.0))
         # Judge each move by the throughput it delivered end to end (tuner/scaling.py AllocationThroughput)
-        # and go back where a recent allocation delivered clearly more. A move that grew an operator whose own rate is noisy (above
-        # `rl_noisy_rate`: live, tasks that outlast the interval) waits for that judgement before the
-        # next move; any other move is judged only if the allocation stays long enough to measure (at
-        # the steady state), so judging costs a quiet pipeline no convergence time.
+        # and go back where a recent allocation delivered clearly more. A move that grew an operator
+        # whose own rate is noisy (above `rl_noisy_rate`: live, tasks that outlast the interval) waits
+        # for that judgement before the next move; any other move is judged only if the allocation
+        # stays long enough to measure (at the steady state), so judging costs a quiet pipeline no
+        # convergence time.
         # Off by default: live it rescued the contended lookup but twice lost half of dlrm_preprocessing's
         # throughput to moves judged on a warm-up burst (tuner/README.md, End-to-end judgement).
         self.judge_moves = bool(self.opts.get("rl_judge_moves", False))
@@ -623,27 +624,15 @@ class RLPolicy(Policy):
                 for name in target:
                     if alloc.get(name, 0) > target[name]:  # its own counters' figures there are contradicted
                         self.fs.scaling.forget_above(name, target[name])
-                self.awaiting = {n for n in target if target[n] != alloc.get(n)}
-                self.unjudged = True  # measured again, then judged again (or probed below)
-                self.wait_for_judgement = True
-                self.fs.tick()
-                self.fs.note_action(alloc, target)
-                self.runner.stats["undone"] = self.runner.stats.get("undone", 0) + 1
-                self.last_action = (f"back to the allocation that delivered {gain:.0%} more (noise margin "
-                                    f"{self.fs.moves.margin():.0%}); the operators grown since kept at its slots")
-                return target
+                self.runner.stats["undone"] += 1
+                return self._judged_move(alloc, target, (
+                    f"back to the allocation that delivered {gain:.0%} more (noise margin "
+                    f"{self.fs.moves.margin():.0%}); the operators grown since kept at its slots"))
             probe = self.fs.moves.probe_fewer(obs.t, alloc, {s.name: s.min_slots for s in specs})
             if probe is not None:
                 name, k = probe
-                target = {**alloc, name: k}
-                self.awaiting = {name}
-                self.unjudged = True
-                self.wait_for_judgement = True
-                self.fs.tick()
-                self.fs.note_action(alloc, target)
-                self.last_action = (f"{k - alloc[name]:+d} {name}: more slots delivered less end to end, "
-                                    f"trying {k}")
-                return target
+                return self._judged_move(alloc, {**alloc, name: k}, (
+                    f"{k - alloc[name]:+d} {name}: more slots delivered less end to end, trying {k}"))
         new, self.last_action = self.runner.act(obs, alloc, specs, budget, self.fs)
         if new is not None:
             self.awaiting = {n for n in new if new[n] != alloc.get(n)}
@@ -654,6 +643,15 @@ class RLPolicy(Policy):
             self.wait_for_judgement = self.judge_moves and any(  # not measured yet: as good as noisy
                 self.rate_noise.get(n, math.inf) > self.noisy_rate for n in grown)
         return new
+
+    def _judged_move(self, alloc: Allocation, target: Allocation, why: str) -> Allocation:
+        """A move of the end-to-end judgement's: measured, then judged again (before the net moves)."""
+        self.awaiting = {n for n in target if target[n] != alloc.get(n)}
+        self.unjudged = self.wait_for_judgement = True
+        self.fs.tick()
+        self.fs.note_action(alloc, target)
+        self.last_action = why
+        return target
 
     def describe(self) -> str:
         return f"rl: {self.last_action}"

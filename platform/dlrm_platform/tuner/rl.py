@@ -63,7 +63,8 @@ class RLPolicyRunner:
         self.meta = meta or {}
         # what the shield did to this runner's choices (ablation, benchmarks): ticks the net was
         # asked, and how many of its own choices (argmax over the plain mask) the shield vetoed
-        self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0, "overridden": 0, "moved_back": 0}
+        self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0, "overridden": 0, "moved_back": 0,
+                      "undone": 0}
 
     def register(self, key: str) -> str:
         """Make this in-memory policy loadable as ``policy_path=key`` (evaluation, tests)."""
