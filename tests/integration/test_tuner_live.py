@@ -43,7 +43,7 @@ def tuner_cluster():
     ray.shutdown()
 
 
-def _pipeline(actor_middle: bool):
+def _pipeline(actor_middle: bool, heavy_ms: int = 600):
     from dlrm_platform.tuner.sleep_pipelines import PipelineDef
 
     return PipelineDef.model_validate({
@@ -53,7 +53,7 @@ def _pipeline(actor_middle: bool):
         "cluster": {"num_cpus": 12, "data_cpus": BUDGET},
         "operators": [
             {"name": "light_a", "ms_per_1k_rows": 60, "concurrency": 2},
-            {"name": "heavy", "ms_per_1k_rows": 600, "concurrency": 2},
+            {"name": "heavy", "ms_per_1k_rows": heavy_ms, "concurrency": 2},
             {"name": "light_c", "ms_per_1k_rows": 60, "concurrency": 2},
         ],
     })
@@ -210,8 +210,11 @@ def test_live_control_under_ray_train_with_an_actor_pool(tuner_cluster, tmp_path
 def test_rl_policy_live_moves_slots_to_the_heavy_operator(tuner_cluster):
     from dlrm_platform import tuner
 
-    pipe = _pipeline(actor_middle=False)
-    blocks = 40
+    # heavy at 20x its neighbours' work: each light task also carries 0.2-0.5 s of Ray scheduling on
+    # a loaded 2-core machine, and at 10x the measured rates made a light operator the bottleneck
+    # once heavy had 4-5 slots (then the net is right to move slots back to it)
+    pipe = _pipeline(actor_middle=False, heavy_ms=1200)
+    blocks = 30
     ds, cfg, specs, opts = _build(pipe, "rl", actor_middle=False, blocks=blocks)
     handle = tuner.attach(cfg, None, ds.context, BUDGET, operators=specs, options=opts, tuner_id="live-rl")
     try:
@@ -226,6 +229,11 @@ def test_rl_policy_live_moves_slots_to_the_heavy_operator(tuner_cluster):
     assert any(s.startswith("rl: +1 heavy") for s in states), states  # the net was asked and moved
     decided = [t for t in ticks if t["decision"]]
     assert decided and max(t["allocation"]["heavy"] for t in decided) > 2, [t["allocation"] for t in decided]
-    assert ticks[-1]["allocation"]["heavy"] > 2
+    # The slots stayed: heavy held more than its configured 2 on average from the first decision on.
+    # Not necessarily at the last tick: on a loaded 2-core machine each light task carries a few
+    # hundred ms of scheduling, and in the drain the light operator below it may measure as the
+    # bottleneck and take slots back (seen once in CI: heavy back at 2 by the last tick).
+    held = [t["allocation"]["heavy"] for t in ticks if t["t"] >= decided[0]["t"]]
+    assert sum(held) / len(held) > 2.5, _timeline(hist)
     after = [t for t in ticks if t["t"] > decided[0]["t"] + 2.0]
     assert after and max(t["per_op"]["heavy"]["tasks_now"] for t in after) > 2  # Ray ran what it was given
