@@ -656,7 +656,7 @@ def ablation_sim(seeds: list[int], n_pipelines: int, mix: str = DEFAULT_MIX, pol
     per_seed = []
     for seed in seeds:
         res = evaluate_policies(ablation_runners(net), baselines=("plumber",), n_pipelines=n_pipelines, seed=seed,
-                                mix=mix)
+                                mix=mix, rl_options=RL_OPTIONS)
         per_seed.append({"seed": seed, **{p: {k: v for k, v in row.items() if k != "per_pipeline"}
                                           for p, row in res["policies"].items()}})
         for pol, row in res["policies"].items():

@@ -251,6 +251,27 @@ def test_growth_measured_to_deliver_less_is_probed_below_once():
     assert moves.probe_fewer(t + 5, {"lookup": 9}, {"lookup": 1}) == ("lookup", 7)  # and lower, step by step
 
 
+def test_a_judged_move_that_delivered_less_than_where_it_started_is_undone():
+    moves = AllocationThroughput(warmup_s=0.0)
+    t = _visit(moves, 0.0, {"lookup": 12}, [5000.0] * 8)
+    t = _visit(moves, t, {"lookup": 16}, [3000.0] * 5)
+    assert moves.better_than_now(t, {"lookup": 16})[0] == {"lookup": 12}
+    t = _visit(moves, t, {"lookup": 12}, [5200.0] * 5)  # the move back, measured again: it paid
+    assert moves.judge_trial({"lookup": 12}) is None
+    assert moves.probe_fewer(t, {"lookup": 12}, {"lookup": 1}) == ("lookup", 9)
+    assert moves.judge_trial({"lookup": 9}) is None  # not measured yet
+    t = _visit(moves, t, {"lookup": 9}, [4900.0] * 5)  # within any margin, but less: back to 12
+    assert moves.judge_trial({"lookup": 9}) == {"lookup": 12}
+    assert moves.limit("lookup", t) == 12  # the limits from before the probe
+    assert moves.judge_trial({"lookup": 12}) is None  # once
+    # a probe that delivered at least as much is kept
+    t = _visit(moves, t, {"lookup": 12}, [5000.0] * 5)
+    moves.probed.clear()
+    assert moves.probe_fewer(t, {"lookup": 12}, {"lookup": 1}) == ("lookup", 9)
+    t = _visit(moves, t, {"lookup": 9}, [5100.0] * 5)
+    assert moves.judge_trial({"lookup": 9}) is None and moves.limit("lookup", t) == 9
+
+
 def test_noisy_operator_counters_only_noise_the_operators_not_the_delivered_rows():
     from dlrm_platform.tuner.observe import RawOp, RawSnapshot
     from dlrm_platform.tuner.simulator import NoisyCounters

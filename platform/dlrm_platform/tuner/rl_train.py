@@ -99,9 +99,10 @@ def evaluate_policies(
     seed: int = 123,
     tail: int = 20,
     mix: str = DEFAULT_MIX,
+    rl_options: dict | None = None,
 ) -> dict:
     """Every RL runner (``{name: RLPolicyRunner}``, acting through the ``rl`` policy with its
-    evidence gate and shield) and every baseline policy on the same random simulated
+    evidence gate and shield, and ``rl_options``) and every baseline policy on the same random simulated
     pipelines: ``n_pipelines`` drawn from ``seed`` (training draws from other seeds), every
     second one with an operator's cost doubled half-way. Score of a run: the mean share of
     the optimum over its last ``tail`` steps. Returns per policy the mean, the means over
@@ -128,7 +129,8 @@ def evaluate_policies(
             pipe = random_pipeline(prng, mix=mix)
             init = initial_allocation(pipe, prng, "even")
             kind = "rl" if pol in runners else pol
-            spec = TunerSpec(f"eval-{i}", kind, pipe.budget, pipe.specs(init), policy_path=keys.get(pol))
+            spec = TunerSpec(f"eval-{i}", kind, pipe.budget, pipe.specs(init), policy_path=keys.get(pol),
+                             options=dict(rl_options or {}) if pol in runners else {})
             shift_op = pipe.ops[int(prng.integers(len(pipe.ops)))].name
             trace = run_controller_in_sim(pipe, spec, steps=steps, seed=i,
                                           shift_at=steps // 2 if shift else None,
