@@ -586,8 +586,9 @@ class RLPolicy(Policy):
         self.fs.moves.settle_s = float(self.opts.get("settle_s", 1.0))
         self.rates = _RateMemory()  # for the noise of each operator's measured rate
         self.rate_noise: dict[str, float] = {}  # its recent peak (the estimate swings with the noise)
-        self.unjudged = False  # a move since the last comparison of what the allocations delivered
-        self.wait_for_judgement = False
+        # a move (one that grew a noisy operator, or a judged move) whose delivered throughput is to be
+        # compared before the next move
+        self.unjudged = False
 
     def on_epoch_start(self, epoch: int) -> None:
         self.fs.prev = None
@@ -608,13 +609,13 @@ class RLPolicy(Policy):
         # counters are too noisy to tell, until the move's delivered throughput is measured).
         if self.awaiting:
             fresh = {o.name for o in obs.ops if o.measured or o.completed}
-            judged = not self.wait_for_judgement or self.fs.moves.ready(alloc)
+            judged = not self.unjudged or self.fs.moves.ready(alloc)
             if obs.since_change_s < self.min_evidence_s or not self.awaiting <= fresh or not judged:
                 self.fs.tick()
                 self.last_action = "hold (measuring the last move)"
                 return None
             self.awaiting.clear()
-        if self.judge_moves and self.unjudged and self.fs.moves.ready(alloc):
+        if self.unjudged and self.fs.moves.ready(alloc):
             self.unjudged = False
             left = self.fs.moves.judge_trial(alloc)
             if left is not None:  # measured again there, then judged again
@@ -642,15 +643,14 @@ class RLPolicy(Policy):
             # judged, and held until then, only where a grown operator's own counters are too noisy to
             # trust; elsewhere they and the scaling rules judge the move (judging every move cost
             # 0.029 of the optimum on held-out cost-shifted pipelines: pre-shift figures, README)
-            self.wait_for_judgement = self.judge_moves and any(  # not measured yet: as good as noisy
+            self.unjudged = self.judge_moves and any(  # not measured yet: as good as noisy
                 self.rate_noise.get(n, math.inf) > self.noisy_rate for n in grown)
-            self.unjudged = self.wait_for_judgement
         return new
 
     def _judged_move(self, alloc: Allocation, target: Allocation, why: str) -> Allocation:
         """A move of the end-to-end judgement's: measured, then judged again (before the net moves)."""
         self.awaiting = {n for n in target if target[n] != alloc.get(n)}
-        self.unjudged = self.wait_for_judgement = True
+        self.unjudged = True
         self.fs.tick()
         self.fs.note_action(alloc, target)
         self.last_action = why
