@@ -69,13 +69,37 @@ def test_suite_summary_ratios_geometric_means_and_targets(bench):
     sim, live = s["simulated"], s["local"]
     assert sim["per_pipeline"]["b"]["rl_vs_oracle"] == pytest.approx(0.8)
     assert sim["geomean"]["rl_vs_plumber"] == pytest.approx(math.sqrt(1.25 * 0.8))  # = 1.0
-    assert sim["targets"]["rl_vs_oracle_min"] == {"target": 0.95, "measured": pytest.approx(0.8), "met": False}
+    assert sim["targets"]["rl_vs_oracle_min"] == {"target": 0.95, "measured": pytest.approx(0.8), "met": False,
+                                               "headroom": None}
     assert sim["targets"]["rl_vs_ray_default_geomean"]["measured"] is None  # Ray's allocator is not simulated
     assert not sim["targets"]["rl_vs_ray_default_geomean"]["met"]
     assert live["geomean"]["rl_vs_ray_default"] == pytest.approx(math.sqrt(1.5 * 1.25))
     assert live["targets"]["rl_vs_ray_default_geomean"]["met"]  # 1.37 >= 1.3
     assert live["targets"]["rl_vs_oracle_min"]["measured"] == pytest.approx(0.9)
     assert "multinode" not in s
+    # the best configuration found (here the oracle) over each baseline: what any policy could show
+    assert live["headroom"]["rl_vs_ray_default"] == pytest.approx(math.sqrt(100 / 60 * 100 / 80))
+    assert live["targets"]["rl_vs_ray_default_geomean"]["headroom"] == pytest.approx(math.sqrt(100 / 60 * 100 / 80))
+    assert sim["targets"]["rl_vs_plumber_geomean"]["headroom"] == pytest.approx(math.sqrt(100 / 80 * 125 / 125))
+    assert sim["targets"]["rl_vs_oracle_min"]["headroom"] is None  # not a geometric mean
+
+
+def test_suite_headroom_is_the_exact_optimum_where_simulated_and_says_when_a_target_is_out_of_reach(bench, capsys):
+    reports = {
+        "a": {"simulated": {"throughput": {"rl": 90.0, "oracle": 95.0, "plumber": 90.0},
+                            "optimum_samples_per_s": 100.0},
+              "local": {"throughput": {"rl": 100.0, "oracle": 110.0, "ray_default": 100.0}}},
+        "b": {"local": {"throughput": {"rl": 100.0, "ray_default": 50.0}}},  # no oracle: no headroom
+    }
+    s = bench.suite_summary(reports)
+    assert s["simulated"]["headroom"]["rl_vs_plumber"] == pytest.approx(100 / 90)
+    assert s["simulated"]["headroom"]["rl_vs_oracle"] == pytest.approx(100 / 95)
+    assert "rl_vs_ray_default" not in s["local"]["headroom"]  # b's best is unknown
+    s = bench.suite_summary({"a": reports["a"]})
+    assert s["local"]["targets"]["rl_vs_ray_default_geomean"]["headroom"] == pytest.approx(1.1)
+    bench.print_suite(s)
+    out = capsys.readouterr().out
+    assert "the best configuration found: 1.100, so no policy could meet it in this run" in out
 
 
 def test_job_pipelines_join_the_suite_with_their_own_oracle_and_data_wait(bench, monkeypatch, tmp_path):
