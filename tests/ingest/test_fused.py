@@ -86,7 +86,7 @@ def test_fused_flat_reader_equals_the_split_operators_and_cuts_blocks(tmp_path):
     path = tmp_path / "part-0.parquet"
     pq.write_table(table, path, row_group_size=700)
     spec = _spec(tmp_path)
-    blocks = list(fused._flat_reader(str(path), 0, pq.ParquetFile(path).metadata.num_row_groups, spec, 64, 512)())
+    blocks = list(fused._FlatReadTask(str(path), 0, pq.ParquetFile(path).metadata.num_row_groups, spec, 64, 512)())
     ref = TransformSpec.from_config(COLUMNS, IngestConfig(hash_size=97), tmp_path / "q-split")
     split = transforms.sparse_transform(transforms.dense_transform(transforms.parse(table, ref), ref), ref)
     expected = [transforms.batch(split.slice(lo, 64), ref) for lo in range(0, split.num_rows, 64)]
@@ -102,7 +102,7 @@ def test_fused_session_reader_equals_the_split_operators_with_near_full_batches(
     users, samples, _ = dedup_convert.convert_table(table, COLUMNS)
     u, s = dedup_storage.write_shard(users, samples, tmp_path, "part-00000", "sid")
     spec = _spec(tmp_path)
-    blocks = list(fused._session_reader(str(u), str(s), spec, 128, 1024)())
+    blocks = list(fused._SessionReadTask(str(u), str(s), spec, 128, 1024)())
     whole = dedup_sessions.read_session_shard(str(u), str(s), COLUMNS)
     split = fused.preprocess_sessions(whole, spec, 128)
     assert _dedup_samples(blocks) == _dedup_samples([split])
@@ -123,9 +123,9 @@ def test_session_reader_batches_slices_of_the_shards_order_as_the_split_batch_or
     u, s = dedup_storage.write_shard(users, samples, tmp_path, "part-00000", "sid")
     whole = dedup_sessions.read_session_shard(str(u), str(s), COLUMNS)
     expected = fused.preprocess_sessions(whole, _spec(tmp_path / "ref"), 128)
-    one = list(fused._session_reader(str(u), str(s), _spec(tmp_path / "one"), 128, 1 << 20)())
+    one = list(fused._SessionReadTask(str(u), str(s), _spec(tmp_path / "one"), 128, 1 << 20)())
     assert len(one) == 1 and one[0].equals(expected)
-    cut = list(fused._session_reader(str(u), str(s), _spec(tmp_path), 128, 512)())
+    cut = list(fused._SessionReadTask(str(u), str(s), _spec(tmp_path), 128, 512)())
     assert len(cut) > 4
     assert _dedup_samples(cut) == _dedup_samples([expected])
     first_user = [np.asarray(t.column("user_dense")[0].values)[0] for t in (expected, cut[0])]
@@ -206,7 +206,7 @@ def test_read_tasks_transform_growing_chunks_and_cut_them_into_blocks(tmp_path, 
         return real(t, spec, batch_size)
 
     monkeypatch.setattr(fused, "preprocess_flat", recording)
-    blocks = list(fused._flat_reader(str(path), 0, 1, _spec(tmp_path), 64, 256)())
+    blocks = list(fused._FlatReadTask(str(path), 0, 1, _spec(tmp_path), 64, 256)())
     assert calls == [256, 512, 1024, 2048, 2048, 2048, 1064]
     sizes = [sum(b.column("num_samples").to_pylist()) for b in blocks]
     assert sum(sizes) == 9000 and max(sizes) == 256
@@ -222,7 +222,7 @@ def test_yielded_blocks_are_compact_one_chunk_per_column_from_offset_zero(tmp_pa
     table = _flat(3000)
     path = tmp_path / "part-0.parquet"
     pq.write_table(table, path)
-    blocks = list(fused._flat_reader(str(path), 0, 1, _spec(tmp_path), 64, 512)())
+    blocks = list(fused._FlatReadTask(str(path), 0, 1, _spec(tmp_path), 64, 512)())
     assert len(blocks) > 2
     for block in blocks:
         for name in block.column_names:
@@ -233,3 +233,25 @@ def test_yielded_blocks_are_compact_one_chunk_per_column_from_offset_zero(tmp_pa
         assert len(labels.values) == sum(block.column("num_samples").to_pylist())  # not the whole chunk's
     ref = _spec(tmp_path / "ref")
     assert _samples(blocks) == _samples([fused.preprocess_flat(table, ref, 64)])
+
+
+def test_read_tasks_pickle_by_reference_and_read_the_same_after_a_round_trip(tmp_path):
+    # Ray Data pickles every read task at the start of every execution (each epoch's pass), on the critical
+    # path before the first task runs. A closure goes by value (its code and globals walked by cloudpickle);
+    # the read tasks are module-level callables, which the stdlib pickle handles only by reference.
+    import pickle
+
+    table = _flat(1500, seed=3)
+    flat_path = tmp_path / "part-0.parquet"
+    pq.write_table(table, flat_path, row_group_size=500)
+    users, samples, _ = dedup_convert.convert_table(table, COLUMNS)
+    u, s = dedup_storage.write_shard(users, samples, tmp_path, "part-00000", "sid")
+    spec = _spec(tmp_path)
+    flat = fused.FusedParquetDatasource([flat_path], spec, 64, 256).get_read_tasks(1)
+    sessions = fused.FusedSessionDatasource([(u, s)], spec, 64, 256).get_read_tasks(1)
+    shards = dedup_sessions.SessionParquetDatasource([(u, s)], COLUMNS, None).get_read_tasks(1)  # split pipeline
+    for task in flat + sessions + shards:
+        data = pickle.dumps(task.read_fn)
+        assert len(data) < 4096, len(data)  # fields only: no code objects
+        again = pickle.loads(data)
+        assert all(b.equals(a) for b, a in zip(again(), task.read_fn(), strict=True))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -178,14 +179,21 @@ class SessionParquetDatasource(Datasource):
                 input_files=[u, s],
                 exec_stats=None,
             )
-            tasks.append(ReadTask(_reader(u, s, self.columns, self.quarantine_dir), meta))
+            tasks.append(ReadTask(_ShardReadTask(u, s, self.columns, self.quarantine_dir), meta))
         return tasks
 
 
-def _reader(users_path: str, samples_path: str, columns: DatasetSchema, quarantine_dir: str | None):
-    def read() -> Iterable[pa.Table]:  # a Ray Data read task: the schema crossed a Ray boundary
-        yield read_session_shard(users_path, samples_path, revalidate(columns), quarantine_dir)
+@dataclass(frozen=True)
+class _ShardReadTask:
+    """Read one shard pair as one session block: a module-level callable, pickled by reference (Ray Data
+    pickles every read task at each execution's start; a closure would go by value, code and all)."""
 
-    return read
+    users_path: str
+    samples_path: str
+    columns: DatasetSchema
+    quarantine_dir: str | None
+
+    def __call__(self) -> Iterable[pa.Table]:  # a Ray Data read task: the schema crossed a Ray boundary
+        yield read_session_shard(self.users_path, self.samples_path, revalidate(self.columns), self.quarantine_dir)
 
 

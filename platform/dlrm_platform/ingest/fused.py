@@ -278,23 +278,36 @@ class FusedParquetDatasource(Datasource):
             for first, count, rows in ranges:
                 meta = BlockMetadata(num_rows=None, size_bytes=int(size * rows / total),
                                      input_files=[path], exec_stats=None)
-                tasks.append(ReadTask(_flat_reader(path, first, count, self.spec, self.batch_size,
-                                                   self.block_rows), meta))
+                tasks.append(ReadTask(_FlatReadTask(path, first, count, self.spec, self.batch_size, self.block_rows),
+                                      meta))
         return tasks
 
 
-def _flat_reader(path: str, first_group: int, num_groups: int, spec: TransformSpec, batch_size: int,
-                 block_rows: int):
-    def read() -> Iterator[pa.Table]:  # a Ray Data read task: the spec crossed a Ray boundary
-        task_spec = revalidate(spec)
-        f = pq.ParquetFile(path)
-        groups = list(range(first_group, first_group + num_groups))
-        table = f.read_row_groups(groups, columns=task_spec.columns.columns) if groups else \
-            f.schema_arrow.empty_table().select(task_spec.columns.columns)
-        for lo, n in _sample_slices(table.num_rows, block_rows):
-            yield from _blocks_of(preprocess_flat(table.slice(lo, n), task_spec, batch_size), block_rows)
+@dataclass(frozen=True)
+class _FlatReadTask:
+    """One fused read task over a row-group range of one Parquet file.
 
-    return read
+    A module-level callable, not a closure: Ray Data pickles every read task at the start of every
+    execution (each epoch's pass), and cloudpickle serialises a closure by value, walking its code and
+    globals (~2 ms a task on the demo, on the critical path before the first task starts); an instance of
+    this class pickles as a reference to it plus its fields.
+    """
+
+    path: str
+    first_group: int
+    num_groups: int
+    spec: TransformSpec
+    batch_size: int
+    block_rows: int
+
+    def __call__(self) -> Iterator[pa.Table]:  # a Ray Data read task: the spec crossed a Ray boundary
+        spec = revalidate(self.spec)
+        f = pq.ParquetFile(self.path)
+        groups = list(range(self.first_group, self.first_group + self.num_groups))
+        table = f.read_row_groups(groups, columns=spec.columns.columns) if groups else \
+            f.schema_arrow.empty_table().select(spec.columns.columns)
+        for lo, n in _sample_slices(table.num_rows, self.block_rows):
+            yield from _blocks_of(preprocess_flat(table.slice(lo, n), spec, self.batch_size), self.block_rows)
 
 
 class FusedSessionDatasource(Datasource):
@@ -317,17 +330,27 @@ class FusedSessionDatasource(Datasource):
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context: Any = None) -> list[ReadTask]:
         return [
-            ReadTask(_session_reader(u, s, self.spec, self.batch_size, self.block_rows),
+            ReadTask(_SessionReadTask(u, s, self.spec, self.batch_size, self.block_rows),
                      BlockMetadata(num_rows=None, size_bytes=os.path.getsize(u) + os.path.getsize(s),
                                    input_files=[u, s], exec_stats=None))
             for u, s in self.shards
         ]
 
 
-def _session_reader(users_path: str, samples_path: str, spec: TransformSpec, batch_size: int, block_rows: int):
-    def read() -> Iterator[pa.Table]:  # a Ray Data read task: the spec crossed a Ray boundary
-        task_spec = revalidate(spec)
-        block = dedup_sessions.read_session_shard(users_path, samples_path, task_spec.columns, task_spec.quarantine_dir)
+@dataclass(frozen=True)
+class _SessionReadTask:
+    """One fused read task over one dedup shard pair (a module-level callable: see :class:`_FlatReadTask`)."""
+
+    users_path: str
+    samples_path: str
+    spec: TransformSpec
+    batch_size: int
+    block_rows: int
+
+    def __call__(self) -> Iterator[pa.Table]:  # a Ray Data read task: the spec crossed a Ray boundary
+        spec = revalidate(self.spec)
+        block = dedup_sessions.read_session_shard(self.users_path, self.samples_path, spec.columns,
+                                                  spec.quarantine_dir)
         # The per-session transforms touch each session once wherever it lands, so they run on the whole
         # shard; only `batch` runs chunk by chunk. Shards are sorted by session key, so the chunks are
         # consecutive slices of the shard's fixed random session order (or each block, and so a run of
@@ -335,10 +358,9 @@ def _session_reader(users_path: str, samples_path: str, spec: TransformSpec, bat
         # packs: no reordered copy of the shard (measured on Criteo-shaped sessions: the copy and the
         # per-chunk transforms cost the read tasks ~25% of their CPU).
         block = dedup_operators.sparse_transform(
-            dedup_operators.dense_transform(dedup_operators.parse(block, task_spec), task_spec), task_spec)
-        order = dedup_operators.batch_order(block, task_spec)
+            dedup_operators.dense_transform(dedup_operators.parse(block, spec), spec), spec)
+        order = dedup_operators.batch_order(block, spec)
         counts = np.diff(dedup_sessions.samples_offsets(block))[order]
-        for lo, n in _session_slices(counts, block_rows):
-            yield from _blocks_of(dedup_operators.batch(block, task_spec, batch_size, order[lo:lo + n]), block_rows)
-
-    return read
+        for lo, n in _session_slices(counts, self.block_rows):
+            yield from _blocks_of(dedup_operators.batch(block, spec, self.batch_size, order[lo:lo + n]),
+                                  self.block_rows)
