@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import pickle
+import subprocess
+import sys
 
 import cloudpickle
 import pytest
@@ -11,7 +13,8 @@ import pytest
 from dlrm_platform.config import ConfigError
 from dlrm_platform.ingest.feed_client import JobFeed
 from dlrm_platform.ingest.feed_report import FeedReport, SharingStats
-from dlrm_platform.train.loop import LOOP_KEY, LoopConfig, train_loop_per_worker
+from dlrm_platform.train.loop import train_loop_per_worker
+from dlrm_platform.train.loop_config import LOOP_KEY, LoopConfig
 from dlrm_platform.train.result import (
     REPORT_KEY,
     CacheStats,
@@ -49,6 +52,20 @@ def test_a_shared_feed_service_handle_arrives_as_sent(tiny_job):
     loop = LoopConfig(job=tiny_job(), feed_service=feed)
     assert LoopConfig.received(_shipped(loop.to_ray())).feed_service == feed
     assert isinstance(LoopConfig.received(loop.to_ray()).feed_service, JobFeed)
+
+def test_unpickling_the_config_imports_neither_torch_nor_torchrec(tiny_job):
+    """Ray Train's controller unpickles ``train_loop_config`` in a fresh process that never trains.
+
+    The class must not drag in torch or TorchRec there: on 2 cores those imports cost the controller
+    seconds before it asks for its workers (every job, every retry).
+    """
+    feed = JobFeed(actor="actor-handle", job="job-a")
+    payload = cloudpickle.dumps(LoopConfig(job=tiny_job(), feed_service=feed).to_ray())
+    code = ("import pickle, sys; c = pickle.loads(sys.stdin.buffer.read()); "
+            "print(type(c['loop']).__name__, sorted(m for m in ('torch', 'torchrec', 'fbgemm_gpu') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, check=True).stdout
+    assert out.decode().strip() == "LoopConfig []"
+
 
 
 def test_the_worker_entry_rejects_an_invalid_config_naming_the_field(tiny_job):

@@ -64,10 +64,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
 
 from dlrm_platform import run_metrics
-from dlrm_platform.config import JobConfig, revalidate
+from dlrm_platform.config import JobConfig
 from dlrm_platform.ingest.batching import packed_digest
 from dlrm_platform.ingest.dedup_batching import packed_batch_stats
 from dlrm_platform.ingest.feed_client import FeedClient
@@ -82,6 +81,7 @@ from dlrm_platform.train.checkpoint import (
 from dlrm_platform.train.feed import ShardFeeder
 from dlrm_platform.train.eval_metrics import auc, logloss_from_logits
 from dlrm_platform.train.lockstep import StepBatch, all_reduce_sum, lockstep_batches
+from dlrm_platform.train.loop_config import LOOP_KEY, LoopConfig
 from dlrm_platform.train.dedup_model import batch_codec, build_job_model
 from dlrm_platform.train.model import build_dense_optimizer
 from dlrm_platform.train.perf import (
@@ -103,8 +103,6 @@ from dlrm_platform.output.worker_logs import configure_worker_logging
 
 __all__ = [
     "EpochStats",
-    "LOOP_KEY",
-    "LoopConfig",
     "Worker",
     "train_loop_per_worker",
 ]
@@ -114,41 +112,6 @@ log = logging.getLogger("dlrm_platform.train")
 # Test hook, independent of the job config: when this env var names a file
 # holding {"epoch": E, "step": S, "rank": R}, worker R deletes the file and
 # raises after step S of epoch E. Deleting first makes it fire once.
-
-
-LOOP_KEY = "loop"  # Ray Train's train_loop_config must be a dict: it holds the LoopConfig under this key
-
-
-class LoopConfig(BaseModel):
-    """What the driver hands every worker: ``{LOOP_KEY: LoopConfig}`` as Ray Train's ``train_loop_config``.
-
-    Crosses the Ray boundary as this object; :func:`train_loop_per_worker` re-validates it
-    (and the :class:`JobConfig` in it) before anything else.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
-
-    job: JobConfig
-    mlflow_run_id: str | None = None
-    tracking_uri: str | None = None
-    has_eval: bool = True
-    dataset_files: dict[str, list[str]] = Field(default_factory=dict)  # what each pipeline reads (cache keys)
-    cache_dir: str | None = None  # where epoch caches spill; None: ingest.cache.spill_dir or a temp dir
-    feed_service: Any = None  # the job's ingest.feed_service.FeedService actor; None: Ray Train's dataset shards
-
-    def to_ray(self) -> dict[str, LoopConfig]:
-        """Ray Train's ``train_loop_config``."""
-        return {LOOP_KEY: self}
-
-    @classmethod
-    def received(cls, train_loop_config: dict[str, Any]) -> LoopConfig:
-        """The worker's side of :meth:`to_ray`: the LoopConfig, re-validated (``config.ConfigError`` names the field)."""
-        loop = train_loop_config.get(LOOP_KEY) if isinstance(train_loop_config, dict) else None
-        if not isinstance(loop, cls):
-            raise TypeError(f"train_loop_config must be {{{LOOP_KEY!r}: LoopConfig}}, got {train_loop_config!r:.200}")
-        # Re-validating dumps the model: a dataclass handle (a shared service's JobFeed) would come back a
-        # dict, and the workers would call .open on it. The handle is opaque: keep the object itself.
-        return revalidate(loop).model_copy(update={"feed_service": loop.feed_service})
 
 
 # --------------------------------------------------------------------------- statistics

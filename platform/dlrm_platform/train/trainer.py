@@ -28,7 +28,8 @@ from dlrm_platform.ingest.feed_client import (
 )
 from dlrm_platform.ingest.feed_report import FeedReport
 from dlrm_platform.ingest.pipeline import RESOURCE_SLIVER
-from dlrm_platform.train.loop import LoopConfig, train_loop_per_worker
+from dlrm_platform.train.loop import train_loop_per_worker
+from dlrm_platform.train.loop_config import LoopConfig
 from dlrm_platform.train.result import TrainingResult
 
 if TYPE_CHECKING:
