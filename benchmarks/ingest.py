@@ -279,11 +279,14 @@ def pipeline_alone(job, quarantine: Path, data_cpus: float = 1.0, ceiling_job=No
     from dlrm_platform.ingest.batching import packed_num_samples
     from dlrm_platform.ingest.feed_blocks import bundle_block_refs
     from dlrm_platform.ingest.source import validate_dataset
+    from dlrm_platform.ray_cluster import local_system_config
     from dlrm_platform.tuner.job_pipelines import build_tuned_datasets
 
     files = validate_dataset(job.data)
     ceiling = CeilingProcess(ceiling_job, quarantine / "ceiling") if ceiling_job is not None else None
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    # The system settings `run` gives the local cluster it starts (ray_cluster.local_system_config).
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+             _system_config=local_system_config())
     try:
         DataContext.get_current().enable_progress_bars = False
         DataContext.get_current().print_on_execution_start = False

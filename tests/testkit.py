@@ -58,8 +58,11 @@ def local_ray(num_cpus: int = 4, **init: Any) -> Iterator[Any]:
 
     if ray.is_initialized():
         ray.shutdown()
+    from dlrm_platform.ray_cluster import local_system_config
+
+    # The settings `dlrm-platform run` gives the local cluster it starts: the tests run what users run.
     ray.init(**{"address": "local", "num_cpus": num_cpus, "include_dashboard": False,
-                "logging_level": "WARNING", **init})
+                "logging_level": "WARNING", "_system_config": local_system_config(), **init})
     DataContext.get_current().enable_progress_bars = False
     try:
         yield ray

@@ -15,6 +15,7 @@ import yaml
 from ray._private.label_utils import parse_node_labels_string, validate_node_labels
 
 from dlrm_platform.config import load_job_config
+from dlrm_platform.ray_cluster import idle_worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -49,6 +50,10 @@ def check_ray_cluster_spec(spec: dict[str, Any]) -> None:
         validate_node_labels(labels)
         roles[labels["dlrm.io/role"]] = g
     assert set(roles) == {"data", "trainer"}, roles.keys()
+    # Every node keeps idle task workers as the platform's own local cluster does (ray_cluster.py).
+    for template in (head["template"], *(g["template"] for g in groups.values())):
+        for c in containers(template):
+            assert env_of(c).items() >= idle_worker_env().items(), c["name"]
 
     data, trainer = roles["data"], roles["trainer"]
     for c in containers(data["template"]):
@@ -140,6 +145,8 @@ def test_vm_cluster_launcher_file():
     assert by_role["trainer"]["resources"]["GPU"] >= 1 and by_role["trainer"]["resources"]["trainer"] == 1
     assert any("RAY_AUTH_MODE=token" in o for o in cfg["docker"]["run_options"])
     assert any(f"DLRM_PYTHON={IMAGE_PYTHON}" in o for o in cfg["docker"]["run_options"])
+    for name, value in idle_worker_env().items():
+        assert any(o.split("#")[0].split() == ["-e", f"{name}={value}"] for o in cfg["docker"]["run_options"])
 
 
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrm_platform.api.mlflow_links import start_server, wait_http_ok
+from dlrm_platform.ray_cluster import idle_worker_env
 from dlrm_platform.redact import redact_text
 
 VENV_BIN = Path(sys.executable).parent
@@ -110,7 +111,7 @@ def start_ray_head(
         cmd += ["--temp-dir", str(temp_dir)]
     if object_store_memory:
         cmd += ["--object-store-memory", str(object_store_memory)]
-    full_env = {**os.environ, **env, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    full_env = {**idle_worker_env(), **os.environ, **env, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     full_env.pop("RAY_ADDRESS", None)
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
