@@ -68,11 +68,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "platform"))
 
-BEFORE = ["ingest.fusion=off", "ingest.cache.mode=off", "ingest.read_ahead=false"]
+# Ray's own 1 s for idle workers: the platform keeps them 60 s since 2026-11-27 (ray.idle_worker_keep_s).
+BEFORE = ["ingest.fusion=off", "ingest.cache.mode=off", "ingest.read_ahead=false", "ray.idle_worker_keep_s=1"]
 ABLATION = {
-    "before + fusion": ["ingest.cache.mode=off", "ingest.read_ahead=false"],
-    "before + read-ahead": ["ingest.fusion=off", "ingest.cache.mode=off"],
-    "before + epoch cache": ["ingest.fusion=off", "ingest.read_ahead=false"],
+    "before + fusion": ["ingest.cache.mode=off", "ingest.read_ahead=false", "ray.idle_worker_keep_s=1"],
+    "before + read-ahead": ["ingest.fusion=off", "ingest.cache.mode=off", "ray.idle_worker_keep_s=1"],
+    "before + epoch cache": ["ingest.fusion=off", "ingest.read_ahead=false", "ray.idle_worker_keep_s=1"],
+    "before + idle workers kept": ["ingest.fusion=off", "ingest.cache.mode=off", "ingest.read_ahead=false"],
 }
 TARGETS = {"pipeline_vs_inprocess": 0.5, "job_wait_2ep": 0.10, "job_wait_later_epochs": 0.05, "job_speedup": 4.0}
 CLI = str(Path(sys.executable).with_name("dlrm-platform"))
@@ -286,7 +288,7 @@ def pipeline_alone(job, quarantine: Path, data_cpus: float = 1.0, ceiling_job=No
     ceiling = CeilingProcess(ceiling_job, quarantine / "ceiling") if ceiling_job is not None else None
     # The system settings `run` gives the local cluster it starts (ray_cluster.local_system_config).
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
-             _system_config=local_system_config())
+             _system_config=local_system_config(job.ray.idle_worker_keep_s))
     try:
         DataContext.get_current().enable_progress_bars = False
         DataContext.get_current().print_on_execution_start = False

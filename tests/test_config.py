@@ -164,3 +164,15 @@ def test_the_tuner_is_on_by_default_with_auto():
     assert load_job_config(REPO / "configs" / "demo.yaml", ["tuner.policy=static"]).tuner.policy == "static"
     with pytest.raises(ConfigError, match="tuner.policy"):
         load_job_config(REPO / "configs" / "demo.yaml", ["tuner.policy=automatic"])
+
+
+def test_idle_worker_keep_reaches_the_local_clusters_ray_setting():
+    from dlrm_platform.ray_cluster import IDLE_WORKER_KEEP_MS, idle_worker_env, local_system_config
+
+    job = load_job_config(REPO / "configs" / "demo.yaml")
+    assert local_system_config(job.ray.idle_worker_keep_s) == {"idle_worker_killing_time_threshold_ms": 60_000}
+    assert IDLE_WORKER_KEEP_MS == 60_000 and idle_worker_env() == {"RAY_idle_worker_killing_time_threshold_ms": "60000"}
+    before = load_job_config(REPO / "configs" / "demo.yaml", ["ray.idle_worker_keep_s=1"])  # Ray's own default
+    assert local_system_config(before.ray.idle_worker_keep_s) == {"idle_worker_killing_time_threshold_ms": 1000}
+    with pytest.raises(ConfigError, match=r"ray\.idle_worker_keep_s"):
+        load_job_config(REPO / "configs" / "demo.yaml", ["ray.idle_worker_keep_s=0"])

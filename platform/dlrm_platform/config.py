@@ -438,6 +438,10 @@ class RayClusterConfig(StrictModel):
 
     address: str | None = None
     num_cpus: int | None = Field(default=None, ge=1, description="CPUs of a local cluster (default: all)")
+    idle_worker_keep_s: float = Field(
+        default=60.0, gt=0,
+        description="a local cluster's idle task workers live this long (Ray's default: 1 s, which re-spawns a "
+                    "pipeline's workers after every pause; see ray_cluster.py)")
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
 
 

@@ -18,13 +18,15 @@ __all__ = ["IDLE_WORKER_KEEP_MS", "idle_worker_env", "local_system_config", "ray
 # epoch cache, so on a small node every pass re-spawned its read tasks' workers: 1-2 CPU-seconds each on
 # 2 cores (Python, Ray, pyarrow), taken from the trainer. Measured on the demo's plain pipeline with a
 # 1-2 s pause before each warm epoch: 25k samples/s per data CPU at 1 s, 145k kept a minute.
-IDLE_WORKER_KEEP_MS = 60_000
+IDLE_WORKER_KEEP_MS = int(RayClusterConfig.model_fields["idle_worker_keep_s"].default * 1000)
 _IDLE_WORKER_SETTING = "idle_worker_killing_time_threshold_ms"
 
 
-def local_system_config() -> dict[str, int]:
-    """Ray system settings for a cluster the platform starts itself (``ray.init(_system_config=...)``)."""
-    return {_IDLE_WORKER_SETTING: IDLE_WORKER_KEEP_MS}
+def local_system_config(idle_worker_keep_s: float | None = None) -> dict[str, int]:
+    """Ray system settings for a cluster the platform starts itself (``ray.init(_system_config=...)``);
+    ``idle_worker_keep_s``: ``ray.idle_worker_keep_s`` (default: its default)."""
+    keep_ms = IDLE_WORKER_KEEP_MS if idle_worker_keep_s is None else int(idle_worker_keep_s * 1000)
+    return {_IDLE_WORKER_SETTING: keep_ms}
 
 
 def idle_worker_env() -> dict[str, str]:
@@ -51,7 +53,8 @@ def ray_session(cfg: RayClusterConfig, *, verbose: bool = False) -> Iterator[Non
     else:
         log.info("starting a local Ray cluster (%s CPUs)", cfg.num_cpus or "all")
         # address="local": never attach to some other Ray instance found on this machine.
-        ray.init(address="local", num_cpus=cfg.num_cpus, _system_config=local_system_config(), **kwargs)
+        ray.init(address="local", num_cpus=cfg.num_cpus, _system_config=local_system_config(cfg.idle_worker_keep_s),
+                 **kwargs)
     stage.info("Ray %s, %g CPUs", f"joined: {address}" if address else "started: local cluster",
                ray.cluster_resources().get("CPU", 0))
     try:
