@@ -100,8 +100,10 @@ from dlrm_platform.config import TunerConfig  # noqa: E402
 from dlrm_platform.tuner.observe import OccupiedSlotRates  # noqa: E402
 from dlrm_platform.tuner.policies import enumerate_allocations, neighbourhood  # noqa: E402
 from dlrm_platform.tuner.simulator import DEFAULT_MIX, PIPELINE_MIXES, from_profile  # noqa: E402
+from dlrm_platform.tuner.spec import BlockRowsSpec  # noqa: E402
 from dlrm_platform.tuner.sleep_pipelines import (  # noqa: E402
     PipelineDef,
+    block_row_sizes,
     build_dataset,
     expected_optimum,
     load_pipeline,
@@ -220,17 +222,40 @@ def final_allocation(res: dict) -> dict | None:
     return res.get("final_allocation")
 
 
-def oracle_search_s(k: int, extra: int = 0) -> float:
+def final_configuration(res: dict) -> dict | None:
+    """What the oracle must re-measure of a policy's run: its final allocation and, where the blocks
+    are resizable, its final rows per block."""
+    alloc = final_allocation(res)
+    return {"allocation": alloc, "block_rows": res.get("final_block_rows")} if alloc else None
+
+
+def block_rows_spec(pipe: PipelineDef, control_dir: Path) -> BlockRowsSpec | None:
+    """The blocks' size as a tuner knob, where the pipeline's YAML makes them resizable."""
+    if not pipe.max_rows_per_block:
+        return None
+    return BlockRowsSpec(initial=pipe.rows_per_block, control_file=str(control_dir / "block_rows.json"),
+                         max_rows=pipe.max_rows_per_block)
+
+
+def oracle_search_s(k: int, extra: int = 0, block_sizes: int = 0) -> float:
     """Seconds the oracle spends before it settles on its pick (its run is longer by this);
-    ``extra``: the other policies' allocations it re-measures among its finalists."""
+    ``extra``: the other policies' allocations it re-measures among its finalists; ``block_sizes``:
+    the block sizes it measures first, where the blocks are resizable (then a final pass of its pick
+    and the others' configurations at other sizes)."""
+    blocks = 0.0
+    if block_sizes > 1:
+        blocks = (block_sizes * (ORACLE_SETTLE_S + ORACLE_MEASURE_S + 1.0)
+                  + (1 + extra) * (ORACLE_SETTLE_S + ORACLE_FINAL_MEASURE_S + 1.0))
     return (ORACLE_WARMUP_S + k * (ORACLE_SETTLE_S + ORACLE_MEASURE_S + 1.0)
-            + (ORACLE_FINALISTS + extra) * (ORACLE_SETTLE_S + ORACLE_FINAL_MEASURE_S + 1.0) + 10.0)
+            + (ORACLE_FINALISTS + extra) * (ORACLE_SETTLE_S + ORACLE_FINAL_MEASURE_S + 1.0) + 10.0 + blocks)
 
 
 def oracle_shortlist(pipe: PipelineDef, k: int) -> list[dict]:
     """The best ``k`` allocations under the YAML's true costs: of every maximal allocation, or, where there
     are too many to enumerate (eight operators on 32 CPUs), of the true optimum's +-2 neighbourhood."""
     sim = from_profile(pipe.ground_truth())
+    if pipe.max_rows_per_block:  # the allocations that are best at the best block size
+        sim.block_rows = sim.optimum_over_block_rows(block_row_sizes(pipe))[1]
     specs = sim.specs()
     every = enumerate_allocations(specs, sim.budget, limit=500_000)
     if every is None:
@@ -269,12 +294,14 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
     blocks = int(math.ceil(run_s * opt_rate * headroom / pipe.rows_per_block)) + 20
     control = Path(tempfile.mkdtemp(prefix="tuner-bench-")) / "costs.json"
     set_cost_multipliers(control, {} if cost_scale is None else {o.name: cost_scale for o in pipe.operators})
-    ds = build_dataset(pipe, blocks, strategies, control_file=control)
+    block_rows = block_rows_spec(pipe, control.parent)
+    ds = build_dataset(pipe, blocks, strategies, control_file=control,
+                       block_rows_file=block_rows.control_file if block_rows else None)
     ds.context.execution_options.resource_limits = ds.context.execution_options.resource_limits.copy(cpu=budget)
     # A tuner id's controller lives for the process (kept across epochs): tags name the pipeline, or
     # the suite's second pipeline would be steered by the first one's controller.
     handle = tuner_api.attach(cfg, None, ds.context, budget, operators=specs, options=options,
-                              tuner_id=f"{tag}-{policy}")
+                              tuner_id=f"{tag}-{policy}", block_rows=block_rows)
     t0 = time.time()
     stamps: list[float] = []
     counts: list[int] = []
@@ -313,6 +340,10 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
         "stalls": count_stalls(ts, end) if crash is None else 1,
         "peak_object_store_bytes": max((t["mem_used"] for t in ticks), default=0.0),
         "final_allocation": summary.get("final_allocation"),
+        "final_block_rows": ticks[-1].get("block_rows") if ticks else None,
+        "block_rows_steps": [[round(t.get("elapsed", 0.0), 1), t.get("block_rows"),
+                              (t.get("explanation") or {}).get("text")]
+                             for t in ticks if (t.get("decision") or {}).get("block_rows")],
         "decisions": summary.get("decisions"),
         # each move and the policy's own account of it (bottleneck, expected gain, measured scaling)
         "moves": [{"elapsed_s": t.get("elapsed"), "change": t["decision"], "why": t.get("policy_state")}
@@ -361,7 +392,8 @@ def _timeline(ticks: list[dict]) -> list[dict]:
         return None if x is None else round(float(x), nd)
 
     return [{"t": r(t.get("elapsed"), 1), "throughput": r(t.get("throughput")), "bottleneck": t.get("bottleneck"),
-             "allocation": t.get("allocation"),
+             "allocation": t.get("allocation"), "block_rows": t.get("block_rows"),
+             "policy_state": t.get("policy_state"), "mem": [r(t.get("mem_used")), r(t.get("mem_limit"))],
              "ops": {n: {"capacity": r(o.get("capacity")), "running": r(o.get("running"), 2),
                          "util": r(o.get("util"), 2)} for n, o in (t.get("per_op") or {}).items()}}
             for t in ticks if t.get("per_op")]
@@ -393,8 +425,8 @@ def effective_optimum(pipe: PipelineDef, runs: dict[str, list[dict]]) -> dict | 
     for res in (r for rs in runs.values() for r in rs):
         for n, v in (res.get("rows_per_occupied_slot_s") or {}).items():
             best[n] = max(best.get(n, 0.0), v)
-    if set(best) != {o.name for o in pipe.operators}:
-        return None
+    if set(best) != {o.name for o in pipe.operators} or pipe.max_rows_per_block:
+        return None  # resizable blocks: the runs' rates were measured at different sizes
     truth = pipe.ground_truth()
     for op in truth["ops"]:
         op["rate_per_slot"] = best[op["name"]]
@@ -458,17 +490,19 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
             # the oracle runs last: it re-measures every other policy's final allocation among its finalists
             order = [p for p in order if p != "oracle"] + (["oracle"] if "oracle" in order else [])
             for pol in order:
-                must_beat = [final_allocation(results[p][-1]) for p in order if p != pol and results[p]]
+                must_beat = [final_configuration(results[p][-1]) for p in order if p != pol and results[p]]
                 must_beat = [a for i, a in enumerate(must_beat) if a and a not in must_beat[:i]]
-                search_s = oracle_search_s(args.oracle_k, len(must_beat))
+                search_s = oracle_search_s(args.oracle_k, len(must_beat),
+                                           len(block_row_sizes(pipe)) if pipe.max_rows_per_block else 0)
                 run_s = args.run_s + (search_s if pol == "oracle" else 0.0)
                 print(f"  [{kind} round {r + 1}] {pol}: {run_s:.0f} s ...", flush=True)
                 # every policy's steady state is the same last 40% of args.run_s (after the oracle's search)
                 res = run_one(pipe, pol, run_s, shift_at=None, plot_dir=args.plot_dir, oracle_k=args.oracle_k,
                               tag=f"{pipe.name}-{kind}{r}", steady_s=0.4 * args.run_s,
                               must_beat=must_beat if pol == "oracle" else None)
+                rows = f", blocks of {res['final_block_rows']:,} rows" if res.get("final_block_rows") else ""
                 print(f"     {res['samples_per_s']:,.0f} samples/s, 95% after {res['seconds_to_95pct']} s,"
-                      f" stalls {res['stalls']}, crash {res['crash']}, final {res['final_allocation']}", flush=True)
+                      f" stalls {res['stalls']}, crash {res['crash']}, final {res['final_allocation']}{rows}", flush=True)
                 results[pol].append(res)
             if r == 0 and args.ceiling:
                 print(f"  [{kind}] overhead ceiling: the same pipeline, operators that cost nothing,"
@@ -506,6 +540,7 @@ def summarise(pipe: PipelineDef, suite: dict, policies: list[str]) -> dict:
                                  else None) for p, v in t95.items()},
         "peak_object_store_bytes": {p: max(r["peak_object_store_bytes"] for r in runs[p]) for p in policies if runs[p]},
         "final_allocation": {p: runs[p][-1]["final_allocation"] for p in policies if runs[p]},
+        "final_block_rows": {p: runs[p][-1].get("final_block_rows") for p in policies if runs[p]},
         "observed_tasks_running": {p: runs[p][-1].get("observed_tasks_running") for p in policies if runs[p]},
         "stalls_per_policy": {p: sum(r["stalls"] for r in runs[p]) + sum(r["stalls"] for r in shifts.get(p, []))
                               for p in policies},
@@ -557,10 +592,11 @@ def print_table(kind: str, s: dict, policies: list[str]) -> None:
             continue
         v = s["throughput"][p]
         t95 = s["seconds_to_95pct"].get(p)
+        rows = (s.get("final_block_rows") or {}).get(p)
         print(f"{p:<12}{v:>11,.0f}{(rl / v if rl and v else float('nan')):>8.2f}"
               f"{(f'{t95:.0f}' if t95 is not None else 'n/a'):>9}"
               f"{s['peak_object_store_bytes'][p] / 2**20:>13,.0f} MB{s['stalls_per_policy'][p]:>8}"
-              f"  {s['final_allocation'][p]}")
+              f"  {s['final_allocation'][p]}" + (f", blocks of {rows:,} rows" if rows else ""))
     for k in ("rl_vs_oracle", "rl_vs_ray_default", "rl_vs_plumber", "rl_vs_hill_climb", "rl_vs_static"):
         if k in s:
             print(f"{k}: {s[k]:.3f}")
@@ -606,10 +642,13 @@ def simulated_suite(pipe: PipelineDef, policies: list[str], args) -> dict:
             opts = {"oracle_candidates": oracle_shortlist(pipe, args.oracle_k), "oracle_measure_s": 5.0}
         extra = int(args.oracle_k * 5 + 10) if pol == "oracle" else 0
         vals, t95s = [], []
+        if pol == "oracle" and pipe.max_rows_per_block:
+            extra += int(len(block_row_sizes(pipe)) * 13 + 30)
         for seed in range(3):
             sim = from_profile(pipe.ground_truth())
             spec = TunerSpec(f"sim-{pol}", pol, sim.budget, pipe.op_specs(), options=dict(opts),
-                             policy_path=args.rl_policy if pol == "rl" else None)
+                             policy_path=args.rl_policy if pol == "rl" else None,
+                             block_rows=block_rows_spec(pipe, Path(tempfile.mkdtemp(prefix="tuner-sim-"))))
             tr = run_controller_in_sim(sim, spec, steps=steps + extra, seed=seed)
             thr = np.array([x["throughput"] for x in tr])
             final = float(thr[int(0.6 * len(thr)):].mean())
@@ -623,7 +662,8 @@ def simulated_suite(pipe: PipelineDef, policies: list[str], args) -> dict:
             for seed in range(3):
                 sim = from_profile(pipe.ground_truth())
                 spec = TunerSpec(f"sims-{pol}", pol, sim.budget, pipe.op_specs(), options=dict(opts),
-                                 policy_path=args.rl_policy if pol == "rl" else None)
+                                 policy_path=args.rl_policy if pol == "rl" else None,
+                                 block_rows=block_rows_spec(pipe, Path(tempfile.mkdtemp(prefix="tuner-sim-"))))
                 at = int(pipe.shift.at_s)
                 tr = run_controller_in_sim(sim, spec, steps=int(args.shift_run_s), seed=seed, shift_at=at,
                                            shift=(pipe.shift.operator, pipe.shift.factor))

@@ -22,11 +22,10 @@ IDLE_WORKER_KEEP_MS = int(RayClusterConfig.model_fields["idle_worker_keep_s"].de
 _IDLE_WORKER_SETTING = "idle_worker_killing_time_threshold_ms"
 
 
-def local_system_config(idle_worker_keep_s: float | None = None) -> dict[str, int]:
+def local_system_config(idle_worker_keep_s: float = IDLE_WORKER_KEEP_MS / 1000) -> dict[str, int]:
     """Ray system settings for a cluster the platform starts itself (``ray.init(_system_config=...)``);
-    ``idle_worker_keep_s``: ``ray.idle_worker_keep_s`` (default: its default)."""
-    keep_ms = IDLE_WORKER_KEEP_MS if idle_worker_keep_s is None else int(idle_worker_keep_s * 1000)
-    return {_IDLE_WORKER_SETTING: keep_ms}
+    ``idle_worker_keep_s``: ``ray.idle_worker_keep_s``."""
+    return {_IDLE_WORKER_SETTING: int(idle_worker_keep_s * 1000)}
 
 
 def idle_worker_env() -> dict[str, str]:

@@ -81,7 +81,7 @@ from dlrm_platform.train.checkpoint import (
 from dlrm_platform.train.feed import ShardFeeder
 from dlrm_platform.train.eval_metrics import auc, logloss_from_logits
 from dlrm_platform.train.lockstep import StepBatch, all_reduce_sum, lockstep_batches
-from dlrm_platform.train.loop_config import LOOP_KEY, LoopConfig
+from dlrm_platform.train.loop_config import LoopConfig
 from dlrm_platform.train.dedup_model import batch_codec, build_job_model
 from dlrm_platform.train.model import build_dense_optimizer
 from dlrm_platform.train.perf import (

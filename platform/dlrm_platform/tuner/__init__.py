@@ -53,7 +53,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from dlrm_platform.config import OPERATOR_NAMES
-from dlrm_platform.tuner.spec import POLICIES, OpSpec, TunerSpec
+from dlrm_platform.tuner.spec import POLICIES, BlockRowsSpec, OpSpec, TunerSpec
 
 if TYPE_CHECKING:
     from dlrm_platform.config import IngestConfig, TunerConfig
@@ -120,6 +120,7 @@ def build_spec(
     tuner_id: str | None = None,
     object_store_bytes: float | None = None,
     options: dict | None = None,
+    block_rows: BlockRowsSpec | None = None,
 ) -> TunerSpec:
     limit = None
     if object_store_bytes:
@@ -134,6 +135,7 @@ def build_spec(
         object_store_limit_fraction=float(tuner_cfg.object_store_limit_fraction),
         policy_path=str(tuner_cfg.policy_path) if tuner_cfg.policy_path else None,
         options=dict(options or {}),
+        block_rows=block_rows,
     )
 
 
@@ -147,6 +149,7 @@ def attach(
     operators: list[OpSpec] | None = None,
     tuner_id: str | None = None,
     options: dict | None = None,
+    block_rows: BlockRowsSpec | None = None,
 ) -> TunerHandle | None:
     """Install the tuner on ``data_context`` before the dataset executes.
 
@@ -154,7 +157,8 @@ def attach(
     from (needs ``ray.init`` done); ``None`` keeps records in the executing
     process only (plain iterators in the driver). ``operators`` overrides the
     operator list derived from ``ingest_cfg`` (benchmarks, other pipelines).
-    ``options`` are policy knobs (see ``policies``). Raises
+    ``options`` are policy knobs (see ``policies``). ``block_rows``: the pipeline's blocks can be
+    resized while it runs (``tuner/block_size.py``; ``rl``, ``auto`` and ``oracle`` steer them). Raises
     ``ray_hooks.RayHooksError`` if this Ray version lacks a hook the tuner needs.
     """
     if tuner_cfg is None:
@@ -175,7 +179,8 @@ def attach(
     if operators is None and ingest_cfg is not None:
         # the ingest pipeline's last operator packs batch_size samples into one row
         options.setdefault("samples_per_sink_row", float(ingest_cfg.batch_size))
-    spec = build_spec(tuner_cfg, cpu_budget, specs, tuner_id=tuner_id, object_store_bytes=store, options=options)
+    spec = build_spec(tuner_cfg, cpu_budget, specs, tuner_id=tuner_id, object_store_bytes=store, options=options,
+                      block_rows=block_rows)
     recorder = None
     if telemetry_sink == "actor":
         recorder = start_recorder(spec.tuner_id)

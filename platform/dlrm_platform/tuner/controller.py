@@ -8,9 +8,12 @@ carries into epoch 2 (each epoch is a new Ray Data execution).
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import threading
 import time
+from pathlib import Path
 
 from dlrm_platform.tuner.actions import project
 from dlrm_platform.tuner.observe import Observation, RawSnapshot, WindowedObserver
@@ -25,6 +28,14 @@ def reward(obs: Observation) -> float:
     pressure = max(0.0, obs.mem_fraction - MEM_PRESSURE_START) / (1.0 - MEM_PRESSURE_START)
     spill = 1.0 if obs.spill_rate > 0 else 0.0
     return thr * (1.0 - 0.5 * pressure - 0.5 * spill)
+
+
+def write_block_rows(control_file: str, rows: int) -> None:
+    """Rows per block for the tasks that start from now on (``spec.BlockRowsSpec``): replaced atomically."""
+    path = Path(control_file)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"block_rows": int(rows)}))
+    os.replace(tmp, path)
 
 
 class Controller:
@@ -48,6 +59,10 @@ class Controller:
         self.last_obs: Observation | None = None
         self.mem_blocks = 0
         self.tuned: list[str] = list(self.cpus)
+        #: rows per block now, where the pipeline's blocks can be resized while it runs
+        self.block_rows: int | None = spec.block_rows.initial if spec.block_rows is not None else None
+        if self.block_rows is not None:
+            write_block_rows(spec.block_rows.control_file, self.block_rows)
 
     # -- binding to one live execution at a time
     def bind(self, key: int) -> bool:
@@ -110,7 +125,8 @@ class Controller:
         changed = None
         explanation = None
         if self.spec.controls:
-            proposal = self.policy.decide(obs, dict(alloc), specs, budget)
+            # a block-size step is being measured: a move of slots now would confound it
+            proposal = None if self.policy.holds_allocation() else self.policy.decide(obs, dict(alloc), specs, budget)
             for note in self.policy.pop_notes():
                 self._record({"type": "note", **note})
             if proposal is not None:
@@ -126,8 +142,28 @@ class Controller:
                                        "text": f"no explanation: {err}"}
                     self.allocation.update(proposal)
                     self.observer.note_change(snap.t, list(decision))
+            if self.block_rows is not None and decision is None:
+                rows_move = self.policy.decide_block_rows(obs, dict(alloc))
+                for note in self.policy.pop_notes():
+                    self._record({"type": "note", **note})
+                if rows_move is not None and int(rows_move[0]) != self.block_rows:
+                    rows, explanation = int(rows_move[0]), rows_move[1]
+                    decision = {"block_rows": rows - self.block_rows}
+                    self.set_block_rows(rows, snap.t)
         self._record_tick(obs, decision, budget, explanation)
         return dict(self.allocation) if changed is not None else None
+
+    def set_block_rows(self, rows: int, t: float) -> None:
+        """Resize the blocks read from now on; every operator's per-slot figures start over."""
+        spec = self.spec.block_rows
+        assert spec is not None and self.block_rows is not None
+        rows = max(int(rows), spec.min_rows)
+        if spec.max_rows is not None:
+            rows = min(rows, spec.max_rows)
+        self.block_rows = rows
+        write_block_rows(spec.control_file, rows)
+        self.observer.note_change(t)
+        self.policy.on_block_rows_change()
 
     def note_applied(self, applied: dict) -> None:
         if applied:
@@ -181,6 +217,7 @@ class Controller:
             "explanation": explanation,
             "policy_state": self.policy.describe(),
             "memory_guard_blocks": self.mem_blocks,
+            "block_rows": self.block_rows,
             "bottleneck": obs.bottleneck(),
         })
 

@@ -34,6 +34,7 @@ import math
 from collections.abc import Sequence
 
 from dlrm_platform.tuner.actions import can_grow, used_cpus
+from dlrm_platform.tuner.block_size import BlockSizer, Drain
 from dlrm_platform.tuner.observe import Observation, OccupiedSlotRates
 from dlrm_platform.tuner.plumber import per_slot_samples, solve_lp
 from dlrm_platform.tuner.scaling import ScalingMemory
@@ -49,9 +50,28 @@ class Policy:
         self.spec = spec
         self.opts = spec.options
         self.notes: list[dict] = []  # what the policy chose or held back, recorded by the controller as notes
+        #: steers rows per block where the pipeline lets it (``TunerSpec.block_rows``); None: fixed
+        self.block_sizer: BlockSizer | None = None
+
+    def _steer_block_rows(self) -> None:
+        """Give this policy the block-size knob, where the pipeline has one (``tuner/block_size.py``)."""
+        if self.spec.block_rows is not None and self.opts.get("steer_block_rows", True):
+            self.block_sizer = BlockSizer(self.spec.block_rows, self.opts)
 
     def on_epoch_start(self, epoch: int) -> None:
         pass
+
+    def decide_block_rows(self, obs: Observation, alloc: Allocation) -> tuple[int, dict] | None:
+        """``(rows per block, explanation)`` to change to, or None; asked each interval the allocation
+        did not change, on a pipeline whose blocks can be resized while it runs."""
+        return self.block_sizer.decide(obs, alloc) if self.block_sizer is not None else None
+
+    def holds_allocation(self) -> bool:
+        """True while a block-size step is measured: a move of slots now would confound it."""
+        return self.block_sizer is not None and self.block_sizer.judging
+
+    def on_block_rows_change(self) -> None:
+        """Rows per block changed: what was measured per slot count at the old size is stale."""
 
     def pop_notes(self) -> list[dict]:
         """The notes recorded since the last call."""
@@ -181,6 +201,12 @@ class PlumberPolicy(Policy):
     @staticmethod
     def _key(alloc: Allocation) -> tuple[tuple[str, int], ...]:
         return tuple(sorted(alloc.items()))
+
+    def on_block_rows_change(self) -> None:
+        self.mem = _RateMemory()
+        self.measured.clear()
+        if self.scaling is not None:
+            self.scaling = ScalingMemory(self.spec.names, horizon=120, share_of_linear_gain=0.0)
 
     def _record_throughput(self, obs: Observation, alloc: Allocation) -> None:
         if obs.since_change_s < self.settle_s or obs.throughput <= 0:
@@ -449,8 +475,23 @@ class OraclePolicy(Policy):
         # allocations the oracle must beat (the benchmark passes every other policy's final one): each is
         # a finalist, measured as long as the oracle's own best, so the pick is at least as good by construction
         names = [o.name for o in spec.ops]
-        self.extra: list[Allocation] = [dict(c) for c in self.opts.get("oracle_extra_candidates") or []
-                                        if sorted(c) == sorted(names)]
+        # an extra is an allocation, or {"allocation": ..., "block_rows": n} where blocks are resizable
+        extras = [c if "allocation" in c else {"allocation": c, "block_rows": None}
+                  for c in self.opts.get("oracle_extra_candidates") or []]
+        self.rows0 = spec.block_rows.initial if spec.block_rows is not None else None
+        self.extra_pairs: list[tuple[Allocation, int | None]] = [
+            (dict(c["allocation"]), c.get("block_rows") or self.rows0) for c in extras
+            if sorted(c["allocation"]) == sorted(names)]
+        self.extra: list[Allocation] = [a for a, _ in self.extra_pairs]
+        # rows per block (where the pipeline can resize its blocks): first every size at the initial
+        # allocation, then the allocation search at the best size, then a final pass
+        self.want_rows = self.rows0
+        self.block_queue: list[tuple[Allocation, int]] = []
+        self.block_results: list[tuple[float, Allocation, int]] = []
+        self.block_stage: str | None = None  # None | "first" | "allocations" | "final" | "done"
+        self.block_settle_s = max(self.settle_s, float(self.opts.get("oracle_block_settle_s", 4.0)))
+        self.drain = Drain(self.block_settle_s)  # the old blocks come out before a size is measured
+        self.delivering_t: float | None = None
         self.results: list[tuple[float, Allocation]] = []
         self.finals: list[tuple[float, Allocation]] = []
         self.finalists: list[Allocation] = []
@@ -513,6 +554,15 @@ class OraclePolicy(Policy):
 
     def decide(self, obs, alloc, specs, budget):
         self.mem.update(obs, 1.0)
+        if self.delivering_t is None and obs.throughput > 0:
+            self.delivering_t = obs.t
+        if self.rows0 is not None and self.block_stage is None:
+            # not the workers' start-up measured as the first size
+            if self.delivering_t is None or obs.t - self.delivering_t < self.warmup_s:
+                return None
+            return self._start_blocks(obs, alloc)
+        if self.block_stage in ("first", "final"):
+            return self._decide_blocks(obs, alloc)
         if self.best is not None:
             return None
         if self.candidates is None:
@@ -537,8 +587,7 @@ class OraclePolicy(Policy):
                 self.finalists = self.finalists or ranked[:1]
                 self.finalists += [a for a in self.extra if a not in self.finalists]
             if not self.finalists:
-                self.best = ranked[0]
-                return self.best
+                return self._done(obs, ranked[0])
             return self._propose(obs, self.finalists[0])
         rate = self._measured(obs, self.final_measure_s)  # second pass: the finalists, longer
         if rate is None:
@@ -547,13 +596,93 @@ class OraclePolicy(Policy):
         k = len(self.finals)
         if k < len(self.finalists):
             return self._propose(obs, self.finalists[k])
-        _, self.best = max(self.finals, key=lambda r: r[0])
+        _, best = max(self.finals, key=lambda r: r[0])
+        return self._done(obs, best)
+
+    # -- rows per block: every size at the initial allocation first (per-task costs scale every operator
+    # alike), the allocation search at the best one, then the pick again beside the other policies'
+    # final (allocation, size) pairs, so it is as good as theirs by construction
+    def _start_blocks(self, obs, alloc: Allocation) -> Allocation:
+        top = self.spec.block_rows.max_rows or 16 * self.rows0
+        sizes, r = [self.rows0], self.rows0
+        while 2 * r <= top:
+            r *= 2
+            sizes.append(r)
+        self.block_stage, self.block_queue, self.block_results = "first", [(dict(alloc), r) for r in sizes], []
+        return self._propose_rows(obs, *self.block_queue[0])
+
+    def _done(self, obs, best: Allocation) -> Allocation:
+        self.best = best
+        if self.rows0 is None or self.block_stage == "final":
+            return best
+        final = [(best, self.want_rows)]
+        final += [(a, r) for a, r in self.extra_pairs if r != self.want_rows and (a, r) not in final]
+        if len(final) == 1:
+            self.block_stage = "done"
+            return best
+        self.block_stage, self.block_queue, self.block_results = "final", final, []
+        return self._propose_rows(obs, *final[0])
+
+    def _propose_rows(self, obs, alloc: Allocation, rows: int) -> Allocation:
+        if rows != self.want_rows:
+            self.drain.start(obs, self.want_rows, rows)
+        else:  # the allocation alone changes: settle as for any other candidate
+            self.drain = Drain(self.block_settle_s)
+            self.drain.start(obs, 0)
+        self.want_rows = rows
+        self._proposed_t = obs.t
+        self._rows = self._secs = 0.0
+        return alloc
+
+    def _measured_rows(self, obs, window_s: float) -> float | None:
+        if not self.drain.update(obs):
+            return None
+        self._rows += obs.throughput * obs.window_s
+        self._secs += obs.window_s
+        if obs.t - self.drain.done_t < window_s:
+            return None
+        return self._rows / max(self._secs, 1e-9)
+
+    def _decide_blocks(self, obs, alloc: Allocation) -> Allocation | None:
+        window = self.measure_s if self.block_stage == "first" else self.final_measure_s
+        rate = self._measured_rows(obs, window)
+        if rate is None:
+            return None
+        _, rows = self.block_queue[len(self.block_results)]
+        self.block_results.append((rate, dict(alloc), rows))
+        k = len(self.block_results)
+        if self.block_stage == "first" and k < len(self.block_queue):
+            nxt = self.block_queue[k][1]
+            fits = (not math.isfinite(obs.mem_limit) or obs.mem_used <= 0
+                    or obs.mem_used * nxt / rows <= 0.8 * obs.mem_limit)
+            if fits:  # larger blocks hold more of the object store: stop before the limit
+                return self._propose_rows(obs, *self.block_queue[k])
+        elif k < len(self.block_queue):
+            return self._propose_rows(obs, *self.block_queue[k])
+        best_rate, best_alloc, best_rows = max(self.block_results, key=lambda x: x[0])
+        if self.block_stage == "first":  # the allocation search at the best size
+            self.block_stage = "allocations"
+            self.want_rows = best_rows
+            self._proposed_t = obs.t
+            self.extra = [a for a, r in self.extra_pairs if r == best_rows]
+            return dict(alloc)
+        self.best, self.want_rows, self.block_stage = best_alloc, best_rows, "done"
         return self.best
+
+    def decide_block_rows(self, obs, alloc):
+        if self.want_rows is None:
+            return None
+        what = "the pick" if self.block_stage == "done" else f"measuring ({self.block_stage} pass)"
+        return self.want_rows, {"bottleneck": obs.bottleneck(), "expected_gain": None,
+                                "text": f"oracle: blocks of {self.want_rows:,} rows, {what}"}
 
     def describe(self) -> str:
         n = len(self.candidates) if self.candidates else 0
-        if self.best is not None:
-            state = "done"
+        if self.block_stage in ("first", "final"):
+            state = (f"blocks of {self.want_rows:,} rows, {self.block_stage} pass "
+                     f"{len(self.block_results) + 1}/{len(self.block_queue)}")
+        elif self.best is not None:
+            state = "done" if self.want_rows is None else f"done (blocks of {self.want_rows:,} rows)"
         elif self.idx >= n and self.finalists:
             state = f"re-measuring finalist {len(self.finals) + 1}/{len(self.finalists)}"
         else:
@@ -589,12 +718,23 @@ class RLPolicy(Policy):
         # a move (one that grew a noisy operator, or a judged move) whose delivered throughput is to be
         # compared before the next move
         self.unjudged = False
+        self._steer_block_rows()
 
     def on_epoch_start(self, epoch: int) -> None:
         self.fs.prev = None
         self.awaiting.clear()
         self.unjudged = False
         self.fs.moves.new_execution()
+        if self.block_sizer is not None:
+            self.block_sizer.forget()
+
+    def on_block_rows_change(self) -> None:
+        self.fs.scaling = ScalingMemory(self.spec.names)
+        self.fs.moves.new_execution()
+        self.fs.reset_best()
+        self.rates = _RateMemory()
+        self.awaiting.clear()
+        self.unjudged = False
 
     def decide(self, obs, alloc, specs, budget):
         if self.judge_moves:
@@ -657,7 +797,8 @@ class RLPolicy(Policy):
         return target
 
     def describe(self) -> str:
-        return f"rl: {self.last_action}"
+        blocks = f"; {self.block_sizer.describe()}" if self.block_sizer is not None else ""
+        return f"rl: {self.last_action}{blocks}"
 
 
 class AutoPolicy(Policy):
@@ -686,11 +827,18 @@ class AutoPolicy(Policy):
         self.inner: Policy | None = None
         self.choice: str | None = None
         self.reason = ""
+        self._steer_block_rows()
 
     def on_epoch_start(self, epoch: int) -> None:
         self.choice = None  # re-decided on the execution's first observation
         if self.inner is not None:
             self.inner.on_epoch_start(epoch)
+        if self.block_sizer is not None:
+            self.block_sizer.forget()
+
+    def on_block_rows_change(self) -> None:
+        if self.inner is not None:
+            self.inner.on_block_rows_change()
 
     def _choose(self, specs: Sequence[OpSpec]) -> None:
         if len(specs) <= 1:
@@ -728,7 +876,8 @@ class AutoPolicy(Policy):
         if self.choice is None:
             return "auto: choosing"
         inner = f" ({self.inner.describe()})" if self.choice != "static" and self.inner is not None else ""
-        return f"auto -> {self.choice}{inner}"
+        blocks = f"; {self.block_sizer.describe()}" if self.block_sizer is not None else ""
+        return f"auto -> {self.choice}{inner}{blocks}"
 
 
 POLICY_CLASSES = {

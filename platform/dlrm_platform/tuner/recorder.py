@@ -220,6 +220,8 @@ class TunerHandle:
             metrics.append(Metric("tuner/mem_fraction", float(t["mem_fraction"]), ts, i))
             for name, n in t["allocation"].items():
                 metrics.append(Metric(f"tuner/slots/{name}", float(n), ts, i))
+            if t.get("block_rows") is not None:
+                metrics.append(Metric("tuner/block_rows", float(t["block_rows"]), ts, i))
             if t.get("data_wait") is not None:
                 metrics.append(Metric("tuner/data_wait", float(t["data_wait"]), ts, i))
         for start in range(0, len(metrics), 900):
@@ -276,6 +278,13 @@ def plot_history(ticks: list[dict], path: str | Path, title: str = "tuner") -> P
                 for ax in (ax1, ax2):
                     ax.axvline(x1, color="grey", ls=":", lw=0.8)
         ax1.legend(loc="upper left", fontsize=8, ncol=3)
+        rows = [t.get("block_rows") for t in ticks]
+        if any(r is not None for r in rows) and len({r for r in rows if r is not None}) > 1:
+            ax3 = ax1.twinx()  # resizable blocks: the tuner's second knob
+            ax3.step(xs, [r or 0 for r in rows], where="post", color="grey", ls="--", lw=1.2,
+                     label="rows per block")
+            ax3.set_ylabel("rows per block (dashed)")
+            ax3.legend(loc="upper right", fontsize=8)
     ax1.set_ylabel("slots (tasks/actors)")
     ax2.set_ylabel("samples/s")
     ax2.set_xlabel("seconds")

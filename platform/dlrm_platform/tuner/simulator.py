@@ -46,6 +46,14 @@ class SimOp:
     sat: float | None = None  # effective slots saturate here (None: linear)
     lag: float = 0.0          # seconds before an added slot works
     contention: float = 0.0   # USL coherency cost: n slots do n / (1 + contention * n * (n - 1)) slots' work
+    task_s: float = 0.0       # fixed seconds of each task whatever its rows (dispatch, a storage request)
+
+    def rate(self, rows_out_per_task: float) -> float:
+        """Output rows/s of one occupied slot with tasks of ``rows_out_per_task`` rows: ``mu`` less the
+        fixed cost per task (``mu`` itself with none)."""
+        if self.task_s <= 0 or rows_out_per_task <= 0:
+            return self.mu
+        return rows_out_per_task / (self.task_s + rows_out_per_task / self.mu)
 
     def n_eff(self, n: float) -> float:
         if n <= 0:
@@ -58,7 +66,7 @@ class SimOp:
             eff /= 1.0 + self.contention * n * (n - 1.0)
         return eff
 
-    def tasks_running(self, n: float, out_rate: float) -> float:
+    def tasks_running(self, n: float, out_rate: float, mu: float | None = None) -> float:
         """How many of its ``n`` slots run a task while it outputs ``out_rate`` rows/s.
 
         A contended operator's tasks slow each other down by how many *run*, not by how many
@@ -66,7 +74,8 @@ class SimOp:
         tasks that deliver its input (the smallest ``b`` with ``n_eff(b) * mu = out_rate``), each
         at that lower contention, so its rate per occupied slot is higher than at ``n`` busy
         slots, as a live run measures it. Otherwise its slots are busy in proportion."""
-        cap = self.n_eff(n) * self.mu
+        mu = self.mu if mu is None else mu
+        cap = self.n_eff(n) * mu
         if cap <= 0 or out_rate <= 0:
             return 0.0
         if not self.contention or out_rate >= cap * (1 - 1e-9):
@@ -74,7 +83,7 @@ class SimOp:
         lo, hi = 0.0, min(n, 1.0 / math.sqrt(self.contention))  # n_eff rises up to its peak
         for _ in range(40):
             mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if self.n_eff(mid) * self.mu < out_rate else (lo, mid)
+            lo, hi = (mid, hi) if self.n_eff(mid) * mu < out_rate else (lo, mid)
         return hi
 
 
@@ -91,6 +100,9 @@ class SimPipeline:
     # throughput: live, an operator whose tasks outlast the interval sees 0-3 of them finish per second
     op_noise: float = 0.0
     lumpy: bool = False                 # outputs become visible a block at a time (as live)
+    # each running task holds its input and output block in the object store (memory grows with
+    # block size); off for the training mix, whose memory model is the queues alone
+    inflight_memory: bool = False
 
     @property
     def names(self) -> list[str]:
@@ -108,9 +120,38 @@ class SimPipeline:
     def factors(self) -> list[float]:
         return sink_factors([o.ratio for o in self.ops], self.samples_per_sink_row)
 
+    def rows_per_task(self) -> list[float]:
+        """Output rows of one task of each operator at ``block_rows`` per block read (the read's
+        task outputs the block; the later operators' ratios filter it)."""
+        out, cum = [], float(self.block_rows)
+        for i, o in enumerate(self.ops):
+            if i > 0:
+                cum *= o.ratio
+            out.append(cum)
+        return out
+
+    def rates(self) -> list[float]:
+        """Output rows/s of one slot of each operator at the current block size."""
+        return [o.rate(r) for o, r in zip(self.ops, self.rows_per_task())]
+
     def capacities(self, alloc: Allocation) -> dict[str, float]:
         """Samples/s each operator sustains at ``alloc``."""
-        return {o.name: o.n_eff(alloc[o.name]) * o.mu * f for o, f in zip(self.ops, self.factors())}
+        return {o.name: o.n_eff(alloc[o.name]) * mu * f for o, mu, f in zip(self.ops, self.rates(), self.factors())}
+
+    def optimum_over_block_rows(self, sizes: Sequence[float]) -> tuple[Allocation, float, float]:
+        """The best ``(allocation, block rows, rows/s)`` over ``sizes`` (memory not modelled here)."""
+        keep = self.block_rows
+        best = None
+        try:
+            for b in sizes:
+                self.block_rows = float(b)
+                alloc, t = self.optimum()
+                if best is None or t > best[2]:
+                    best = (alloc, float(b), t)
+        finally:
+            self.block_rows = keep
+        assert best is not None
+        return best
 
     def throughput(self, alloc: Allocation) -> float:
         return min(min(self.capacities(alloc).values()), self.consumer_rate)
@@ -177,12 +218,19 @@ class PipelineSim:
         self.target = dict(alloc)
 
     def mem_used(self) -> float:
-        return float(self.q[1:].sum()) * self.pipe.row_bytes
+        used = float(self.q[1:].sum()) * self.pipe.row_bytes
+        if self.pipe.inflight_memory:  # a running task holds its input and output block
+            rows = self.pipe.rows_per_task()
+            for i, o in enumerate(self.pipe.ops):
+                held = rows[i] + (rows[i - 1] if i > 0 else 0.0)
+                used += self.active[o.name] * held * self.pipe.row_bytes
+        return used
 
     def step(self, dt: float = 1.0) -> RawSnapshot:
         p = self.pipe
         k = len(p.ops)
         h = dt / self.SUBSTEPS
+        rates = p.rates()
         for _ in range(self.SUBSTEPS):
             self.t += h
             ready = [x for x in self.pending if x[0] <= self.t]
@@ -199,7 +247,7 @@ class PipelineSim:
                 o = p.ops[i]
                 r = self.raw[o.name]
                 n = self.active[o.name]
-                cap_out = o.n_eff(n) * o.mu * h
+                cap_out = o.n_eff(n) * rates[i] * h
                 if i == 0:
                     want_in = math.inf
                     out = cap_out
@@ -224,7 +272,7 @@ class PipelineSim:
                 r.rows_in += consumed
                 r.rows_out += out
                 if h > 0:  # step(0.0) only reads the counters
-                    r.slot_seconds += o.tasks_running(n, out / h) * h
+                    r.slot_seconds += o.tasks_running(n, out / h, rates[i]) * h
                 if (want_in > 0 and busy > 0.98) or blocked:
                     r.bp_seconds += h
         snap_ops = {}
@@ -363,7 +411,8 @@ def from_profile(profile: dict, rng: np.random.Generator | None = None, jitter: 
         if rng is not None and jitter > 0:
             mu *= float(np.exp(rng.uniform(-jitter, jitter)))
         ops.append(SimOp(o["name"], mu, float(o.get("num_cpus", 1.0)), float(o.get("element_ratio", 1.0)),
-                         o.get("sat"), float(o.get("lag", 0.0)), float(o.get("contention") or 0.0)))
+                         o.get("sat"), float(o.get("lag", 0.0)), float(o.get("contention") or 0.0),
+                         float(o.get("task_s") or 0.0)))
     return SimPipeline(
         ops=ops,
         budget=float(profile["cpu_budget"]),
@@ -372,6 +421,7 @@ def from_profile(profile: dict, rng: np.random.Generator | None = None, jitter: 
         mem_limit=float(profile.get("mem_limit", 2e9)),
         noise=float(profile.get("noise", 0.06)),
         lumpy=bool(profile.get("lumpy", True)),
+        inflight_memory=bool(profile.get("inflight_memory", False)),
     )
 
 
@@ -582,7 +632,10 @@ def run_controller_in_sim(
         new = ctl.tick(snap, pipe.budget)
         if new is not None:
             sim.set_allocation(new)
+        if ctl.block_rows is not None:  # the blocks read from now on (the queues keep their rows)
+            pipe.block_rows = float(ctl.block_rows)
         out.append({"t": sim.t, "throughput": pipe.throughput(sim.active), "t_opt": t_opt,
-                    "allocation": dict(ctl.allocation), "policy_state": ctl.policy.describe()})
+                    "allocation": dict(ctl.allocation), "policy_state": ctl.policy.describe(),
+                    "block_rows": ctl.block_rows})
     ctl.pop_records()
     return out

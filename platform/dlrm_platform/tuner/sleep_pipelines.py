@@ -47,6 +47,8 @@ class _Strict(BaseModel):
 class SyntheticOperator(_Strict):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     ms_per_1k_rows: float = Field(gt=0, description="busy time of one slot per 1000 input rows")
+    ms_per_task: float = Field(0.0, ge=0, description=(
+        "fixed busy time of each task whatever its rows: a storage request's latency, a per-call setup"))
     num_cpus: float = Field(1.0, gt=0)
     concurrency: int = Field(1, ge=1, description="the static config's number of tasks")
     element_ratio: float = Field(1.0, gt=0, le=1.0, description="output rows per input row")
@@ -83,6 +85,9 @@ class PipelineDef(_Strict):
     name: str
     description: str = ""
     rows_per_block: int = Field(2000, ge=1)
+    max_rows_per_block: int | None = Field(None, ge=1, description=(
+        "set: a tuner may resize the blocks while the pipeline runs, up to this many rows (the read"
+        " takes the size from a control file as each task starts); unset: every block has rows_per_block"))
     row_bytes: int = Field(256, ge=8)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     operators: list[SyntheticOperator] = Field(min_length=1)
@@ -95,6 +100,8 @@ class PipelineDef(_Strict):
             raise ValueError(f"operator names must be unique: {names}")
         if self.shift is not None and self.shift.operator not in names:
             raise ValueError(f"shift.operator {self.shift.operator!r} is not one of {names}")
+        if self.max_rows_per_block is not None and self.max_rows_per_block < self.rows_per_block:
+            raise ValueError(f"max_rows_per_block {self.max_rows_per_block} < rows_per_block {self.rows_per_block}")
         need = sum(o.num_cpus for o in self.operators)
         if need > self.cluster.data_cpus:
             raise ValueError(f"one task of every operator needs {need:g} CPUs > cluster.data_cpus")
@@ -110,6 +117,7 @@ class PipelineDef(_Strict):
         return {
             "cpu_budget": self.cluster.data_cpus,
             "block_rows": self.rows_per_block,
+            "max_block_rows": self.max_rows_per_block,
             "row_bytes": self.row_bytes,
             "ops": [
                 {
@@ -120,9 +128,13 @@ class PipelineDef(_Strict):
                     "rate_per_slot": 1e6 * o.element_ratio / o.ms_per_1k_rows,
                     "sat": o.storage_channels,
                     "contention": o.contention,
+                    "task_s": o.ms_per_task / 1000.0,
                 }
                 for o in self.operators
             ],
+            # resizable blocks: the tasks' blocks count against the object store (the tuner's share)
+            **({"inflight_memory": True, "mem_limit": self.cluster.object_store_mb * 2**20 * 0.8}
+               if self.max_rows_per_block else {}),
         }
 
 
@@ -148,22 +160,28 @@ _COST_CACHE: dict[str, tuple[float, dict]] = {}
 STORAGE_NAMESPACE = "dlrm_platform_bench"
 
 
-def _multiplier(control_file: str | None, op: str) -> float:
+def _control(control_file: str | None) -> dict:
+    """The control file's JSON, re-read when it changes (cost multipliers, rows per block)."""
     if not control_file:
-        return 1.0
+        return {}
     try:
-        mtime = os.stat(control_file).st_mtime
+        st = os.stat(control_file)
     except FileNotFoundError:
-        return 1.0
+        return {}
+    stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
     cached = _COST_CACHE.get(control_file)
-    if cached is None or cached[0] != mtime:
+    if cached is None or cached[0] != stamp:
         try:
             data = json.loads(Path(control_file).read_text() or "{}")
         except (OSError, ValueError):
             data = cached[1] if cached else {}
-        _COST_CACHE[control_file] = (mtime, data)
+        _COST_CACHE[control_file] = (stamp, data)
         cached = _COST_CACHE[control_file]
-    return float(cached[1].get(op, 1.0))
+    return cached[1]
+
+
+def _multiplier(control_file: str | None, op: str) -> float:
+    return float(_control(control_file).get(op, 1.0))
 
 
 def set_cost_multipliers(control_file: str | Path, multipliers: dict[str, float]) -> None:
@@ -240,22 +258,24 @@ def stop_storage() -> None:
 
 
 def _make_op_fn(op: SyntheticOperator, rows_per_block: int, row_floats: int, control_file: str | None,
-                storage_name: str | None, first: bool):
+                storage_name: str | None, first: bool, block_rows_file: str | None = None):
     name = op.name
     sec_per_row = op.ms_per_1k_rows / 1000.0 / 1000.0
+    sec_per_task = op.ms_per_task / 1000.0
     ratio = op.element_ratio
 
     def fn(batch):
         import numpy as np
 
-        if first:
+        if first:  # reads a block: as many rows as the block-size control says when the task starts
             ids = np.asarray(batch["id"])
-            n = int(len(ids) * rows_per_block)
-            base = int(ids[0]) * rows_per_block if len(ids) else 0
+            rows = int(_control(block_rows_file).get("block_rows", rows_per_block))
+            n = int(len(ids) * rows)
+            base = int(ids[0]) * rows if len(ids) else 0
             batch = {"id": np.arange(base, base + n, dtype=np.int64),
                      "x": np.zeros((n, row_floats), dtype=np.float32)}
         n = len(batch["id"])
-        wait = sec_per_row * n * _multiplier(control_file, name)
+        wait = sec_per_task + sec_per_row * n * _multiplier(control_file, name)
         if storage_name:
             import ray
 
@@ -288,9 +308,12 @@ def build_dataset(
     *,
     control_file: str | Path | None = None,
     storage_prefix: str = "dlrm-bench-storage",
+    block_rows_file: str | Path | None = None,
 ):
     """The Ray Data pipeline of ``pipe`` over ``num_blocks`` blocks (``strategies`` from
-    ``tuner.compute_strategies``). Storage services are started as named actors."""
+    ``tuner.compute_strategies``). Storage services are started as named actors.
+    ``block_rows_file``: the first operator reads each block's rows from it when the task starts
+    (``tuner.controller.write_block_rows``); otherwise every block has ``pipe.rows_per_block``."""
     import ray
     from ray.data import ActorPoolStrategy
 
@@ -307,7 +330,7 @@ def build_dataset(
             storage = f"{storage_prefix}-{op.name}"
             start_contended(storage, op.contention)
         fn = _make_op_fn(op, pipe.rows_per_block, row_floats, str(control_file) if control_file else None,
-                         storage, first=(i == 0))
+                         storage, first=(i == 0), block_rows_file=str(block_rows_file) if block_rows_file else None)
         if isinstance(strategies[op.name], ActorPoolStrategy):
             fn = _as_callable_class(fn)
         ds = ds.map_batches(
@@ -321,12 +344,22 @@ def build_dataset(
     return ds
 
 
+def block_row_sizes(pipe: PipelineDef) -> list[int]:
+    """The block sizes a tuner can reach: ``rows_per_block`` doubled up to ``max_rows_per_block``."""
+    sizes = [pipe.rows_per_block]
+    while pipe.max_rows_per_block and 2 * sizes[-1] <= pipe.max_rows_per_block:
+        sizes.append(2 * sizes[-1])
+    return sizes
+
+
 def expected_optimum(pipe: PipelineDef) -> tuple[dict[str, int], float]:
-    """Best whole-slot allocation and its rows/s under the true cost model (simulator)."""
+    """Best whole-slot allocation and its rows/s under the true cost model (simulator), at the
+    best block size a tuner can reach where the blocks are resizable."""
     from dlrm_platform.tuner.simulator import from_profile
 
     sim = from_profile(pipe.ground_truth())
-    return sim.optimum()
+    alloc, _, rate = sim.optimum_over_block_rows(block_row_sizes(pipe))
+    return alloc, rate
 
 
 def rows_per_s_upper_bound(pipe: PipelineDef) -> float:

@@ -46,6 +46,23 @@ class OpSpec:
 
 
 @dataclass(config=_STRICT)
+class BlockRowsSpec:
+    """Rows per block, steerable while the pipeline runs: the pipeline's read tasks take the
+    number from ``control_file`` (JSON ``{"block_rows": n}``) as each one starts, so a change
+    reaches the blocks read after it. Fewer, larger blocks pay each task's fixed cost (dispatch,
+    the object store, a storage request) over more rows; they also hold more object-store memory."""
+
+    initial: int
+    control_file: str
+    min_rows: int = 1
+    max_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.initial < self.min_rows or (self.max_rows is not None and self.initial > self.max_rows):
+            raise ValueError(f"block_rows.initial {self.initial} is outside [{self.min_rows}, {self.max_rows}]")
+
+
+@dataclass(config=_STRICT)
 class TunerSpec:
     """Everything the in-executor controller needs, as plain data."""
 
@@ -60,6 +77,8 @@ class TunerSpec:
     recorder_name: str | None = None
     recorder_namespace: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    #: rows per block as a second knob (None: fixed when the pipeline is built)
+    block_rows: BlockRowsSpec | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
