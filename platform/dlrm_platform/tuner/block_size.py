@@ -174,7 +174,6 @@ class BlockSizer:
         self.delivering_t: float | None = None  # when the pipeline first delivered (start-up is no measurement)
         self.drain = Drain(self.settle_s)
         self.last_reason = "measuring"
-        self.steps: list[dict] = []
 
     # -- state read by the controller and the policy
     @property
@@ -214,12 +213,11 @@ class BlockSizer:
                      after_t: float) -> tuple[float, float] | None:
         """``(mean, standard error)`` of the intervals' delivered samples/s (see ``delivered``):
         large blocks reach the sink one every second or two, so single intervals swing widely."""
-        pts = [thr for t, thr, r, key in self.history
-               if r == rows and key == alloc_key and t > after_t and t >= now - span_s]
-        times = [t for t, _, r, key in self.history
-                 if r == rows and key == alloc_key and t > after_t and t >= now - span_s]
-        if len(pts) < 2 or times[-1] - times[0] < 0.6 * span_s:
+        window = [(t, thr) for t, thr, r, key in self.history
+                  if r == rows and key == alloc_key and t > after_t and t >= now - span_s]
+        if len(window) < 2 or window[-1][0] - window[0][0] < 0.6 * span_s:
             return None
+        pts = [thr for _, thr in window]
         mean = sum(pts) / len(pts)
         var = sum((x - mean) ** 2 for x in pts) / (len(pts) - 1)
         return mean, math.sqrt(var / len(pts))
@@ -378,7 +376,6 @@ class BlockSizer:
         pred = self.predict(obs, old)
         if pred is not None:
             expl["bottleneck"] = pred[1]
-        self.steps.append({"t": obs.t, "from": old, "to": new, "why": why})
         return new, expl
 
     def _judge(self, obs: Observation, key: tuple) -> tuple[int, dict] | None:
