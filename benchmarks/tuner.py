@@ -254,8 +254,8 @@ def oracle_shortlist(pipe: PipelineDef, k: int) -> list[dict]:
     """The best ``k`` allocations under the YAML's true costs: of every maximal allocation, or, where there
     are too many to enumerate (eight operators on 32 CPUs), of the true optimum's +-2 neighbourhood."""
     sim = from_profile(pipe.ground_truth())
-    if pipe.max_rows_per_block:  # the allocations that are best at the best block size
-        sim.block_rows = sim.optimum_over_block_rows(block_row_sizes(pipe))[1]
+    # the allocations that are best at the best block size (the only one where blocks are fixed)
+    sim.block_rows = sim.optimum_over_block_rows(block_row_sizes(pipe))[1]
     specs = sim.specs()
     every = enumerate_allocations(specs, sim.budget, limit=500_000)
     if every is None:
@@ -492,8 +492,7 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
             for pol in order:
                 must_beat = [final_configuration(results[p][-1]) for p in order if p != pol and results[p]]
                 must_beat = [a for i, a in enumerate(must_beat) if a and a not in must_beat[:i]]
-                search_s = oracle_search_s(args.oracle_k, len(must_beat),
-                                           len(block_row_sizes(pipe)) if pipe.max_rows_per_block else 0)
+                search_s = oracle_search_s(args.oracle_k, len(must_beat), len(block_row_sizes(pipe)))
                 run_s = args.run_s + (search_s if pol == "oracle" else 0.0)
                 print(f"  [{kind} round {r + 1}] {pol}: {run_s:.0f} s ...", flush=True)
                 # every policy's steady state is the same last 40% of args.run_s (after the oracle's search)

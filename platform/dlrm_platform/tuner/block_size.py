@@ -39,13 +39,20 @@ from dlrm_platform.tuner.spec import BlockRowsSpec
 WORKING_SET_SHARE = 0.5  # the running tasks' blocks may take this share of the object-store limit
 
 
+def doubled_sizes(rows: int, top: int) -> list[int]:
+    """``rows``, then doubled while at most ``top``: the block sizes a tuner steps between."""
+    sizes = [rows]
+    while 2 * sizes[-1] <= top:
+        sizes.append(2 * sizes[-1])
+    return sizes
+
+
 @dataclass
 class _Trial:
     t: float          # when the step was made
     before_rows: int
     after_rows: int
     before: float     # delivered samples/s at before_rows (same allocation)
-    probe: bool       # made without a fitted model
 
 
 @dataclass
@@ -204,15 +211,11 @@ class BlockSizer:
                 extra = max(occupied - busy, 0.0)
                 times.ray_fixed = extra if times.ray_fixed is None else 0.8 * times.ray_fixed + 0.2 * extra
 
-    def delivered(self, now: float, rows: int, alloc_key: tuple, span_s: float, after_t: float) -> float | None:
-        """Mean delivered samples/s over the last ``span_s`` at ``rows`` and this allocation, after ``after_t``."""
-        got = self.delivered_se(now, rows, alloc_key, span_s, after_t)
-        return None if got is None else got[0]
-
-    def delivered_se(self, now: float, rows: int, alloc_key: tuple, span_s: float,
-                     after_t: float) -> tuple[float, float] | None:
-        """``(mean, standard error)`` of the intervals' delivered samples/s (see ``delivered``):
-        large blocks reach the sink one every second or two, so single intervals swing widely."""
+    def delivered(self, now: float, rows: int, alloc_key: tuple, span_s: float,
+                  after_t: float) -> tuple[float, float] | None:
+        """``(mean, standard error)`` of the delivered samples/s of the intervals in the last ``span_s``
+        at ``rows`` and this allocation, after ``after_t``: large blocks reach the sink one every
+        second or two, so single intervals swing widely."""
         window = [(t, thr) for t, thr, r, key in self.history
                   if r == rows and key == alloc_key and t > after_t and t >= now - span_s]
         if len(window) < 2 or window[-1][0] - window[0][0] < 0.6 * span_s:
@@ -278,9 +281,9 @@ class BlockSizer:
         return max(int(WORKING_SET_SHARE * obs.mem_limit / (2 * slots * bytes_per_row)), self.spec.min_rows)
 
     # -- the decision
-    def decide(self, obs: Observation, alloc: dict[str, int], now: float | None = None) -> tuple[int, dict] | None:
+    def decide(self, obs: Observation, alloc: dict[str, int]) -> tuple[int, dict] | None:
         """``(new rows per block, explanation)`` or None (hold)."""
-        now = obs.t if now is None else now
+        now = obs.t
         if self.delivering_t is None and obs.throughput > 0:
             self.delivering_t = now
         key = tuple(sorted(alloc.items()))
@@ -291,7 +294,7 @@ class BlockSizer:
         if fits < self.rows and self.rows > self.spec.initial:
             new = max(self.rows // 2, self.spec.initial, self.spec.min_rows)
             self.claim_t = None
-            return self._step(obs, new, None, probe=False, why=(
+            return self._step(obs, new, None, why=(
                 f"the tasks' blocks would take over {WORKING_SET_SHARE:.0%} of the object store's limit "
                 f"(blocks of at most {fits:,} rows fit): blocks of {new:,} rows"))
         # the pipeline's start-up is not a measurement (workers start; a stall of seconds), nor are
@@ -306,12 +309,13 @@ class BlockSizer:
         if plan is None:
             self.claim_t = None
             return None
-        new, gain, probe, why = plan
+        new, gain, why = plan
         # the delivered throughput at this size and allocation, settled: claimed (the allocation holds)
         # when the allocation policy has not left a quiet stretch to measure it in
         settled = max(now - obs.since_change_s + self.settle_s,
                       self.drain.done_t if self.drain.done_t is not None else -math.inf)
-        before = self.delivered(obs.t, self.rows, key, self.measure_s, settled)
+        got = self.delivered(obs.t, self.rows, key, self.measure_s, settled)
+        before = got[0] if got is not None else None
         if before is None or before <= 0:
             if self.claim_t is None:
                 self.claim_t = now
@@ -320,16 +324,17 @@ class BlockSizer:
                 self.claim_t = None
             return None
         self.claim_t = None
-        return self._step(obs, new, gain, probe=probe, why=why, before=before)
+        return self._step(obs, new, gain, why=why, before=before)
 
-    def _plan(self, obs: Observation, fits: int, now: float) -> tuple[int, float | None, bool, str] | None:
-        """The next size worth a step: ``(rows, expected gain, probe, why)``; None: stay."""
+    def _plan(self, obs: Observation, fits: int, now: float) -> tuple[int, float | None, str] | None:
+        """The next size worth a step: ``(rows, expected gain, why)``; None: stay."""
         cap = min(self.max_rows, fits)
-        if self.banned_from is not None and now < self.banned_until:
+        banned = self.banned_from is not None and now < self.banned_until
+        if banned:
             cap = min(cap, self.banned_from - 1)
-        cands = [r for r in (2 * self.rows, 4 * self.rows, 8 * self.rows) if r <= cap]
-        if self.banned_from is not None and now < self.banned_until:  # sizes between the measured ones
-            cands = sorted(set(cands) | {r for r in (self.rows * 2 ** k for k in range(1, 5)) if r <= cap})
+        larger = doubled_sizes(self.rows, cap)[1:5]  # 2x, 4x, 8x, 16x that fit
+        # 2x-8x; after an undone step every size up to it, to interpolate between the measured ones
+        cands = larger if banned else larger[:3]
         if not cands:
             self.last_reason = "the largest size the object store and the measurements allow"
             return None
@@ -350,9 +355,9 @@ class BlockSizer:
             # A fixed cost inside the task shows only across sizes: probe the largest size allowed (up
             # to 16x), then either keep it or, undone, interpolate between the two measured sizes.
             # One step instead of a climb: each measured step costs ~20-30 s live (drain, fill, noise).
-            new = max(r for r in (2 * self.rows, 4 * self.rows, 8 * self.rows, 16 * self.rows) if r <= cap)
+            new = larger[-1]
             g = f"{gain:+.0%} from Ray's share alone" if gain is not None else "unknown"
-            return new, gain, True, (
+            return new, gain, (
                 f"bottleneck {bottleneck} ({t_here:,.0f} samples/s at {self.rows:,} rows per block; fixed cost "
                 f"per task outside the task {fixed:.3f} s): probing blocks of {new:,} rows (expected gain {g}), "
                 "undone if it delivers less")
@@ -360,23 +365,22 @@ class BlockSizer:
             self.last_reason = (f"converged: bottleneck {bottleneck}, {fixed:.3f} s fixed per task, larger blocks "
                                 f"predict {gain:+.0%}" if gain is not None else "converged")
             return None
-        return best[0], gain, False, (
+        return best[0], gain, (
             f"bottleneck {bottleneck}: {fixed:.3f} s fixed per task at {self.rows:,} rows per block; blocks of "
             f"{best[0]:,} rows: expected {best[1]:,.0f} samples/s ({gain:+.0%})")
 
-    def _step(self, obs: Observation, new: int, gain: float | None, *, probe: bool, why: str,
+    def _step(self, obs: Observation, new: int, gain: float | None, *, why: str,
               before: float | None = None) -> tuple[int, dict]:
+        """Change to ``new`` rows; ``before``: the throughput to judge it against (None: not judged)."""
         old = self.rows
+        pred = self.predict(obs, old)  # the bottleneck under the block-size model, else the observation's
         if before is not None:
-            self.trial = _Trial(obs.t, old, new, before, probe)
+            self.trial = _Trial(obs.t, old, new, before)
         self.rows = new
         self.drain.start(obs, old, new)
         self.last_reason = why
-        expl = {"bottleneck": obs.bottleneck(), "expected_gain": gain, "text": why, "block_rows": [old, new]}
-        pred = self.predict(obs, old)
-        if pred is not None:
-            expl["bottleneck"] = pred[1]
-        return new, expl
+        return new, {"bottleneck": pred[1] if pred is not None else obs.bottleneck(), "expected_gain": gain,
+                     "text": why, "block_rows": [old, new]}
 
     def _judge(self, obs: Observation, key: tuple) -> tuple[int, dict] | None:
         tr = self.trial
@@ -384,7 +388,7 @@ class BlockSizer:
         if self.drain.draining or obs.t - (self.drain.done_t or tr.t) < self.measure_s:
             return None
         start = self.drain.done_t or tr.t
-        got = self.delivered_se(obs.t, self.rows, key, 3 * self.measure_s, start)
+        got = self.delivered(obs.t, self.rows, key, 3 * self.measure_s, start)
         if got is None:
             if obs.t - tr.t > self.drain.max_s + 4 * self.measure_s:  # never measured steady: give up, keep it
                 self.trial = None
@@ -398,7 +402,7 @@ class BlockSizer:
         if after + 2 * se < tr.before * (1.0 - self.undo_margin):
             self.banned_from = tr.after_rows
             self.banned_until = obs.t + self.ban_s
-            return self._step(obs, tr.before_rows, after / tr.before - 1.0, probe=False, why=(
+            return self._step(obs, tr.before_rows, after / tr.before - 1.0, why=(
                 f"blocks of {tr.after_rows:,} rows delivered {after:,.0f} samples/s against {tr.before:,.0f} at "
                 f"{tr.before_rows:,}: undone"))
         self.last_reason = (f"blocks of {tr.after_rows:,} rows kept: {after:,.0f} samples/s against {tr.before:,.0f} "

@@ -8,14 +8,12 @@ carries into epoch 2 (each epoch is a new Ray Data execution).
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import threading
 import time
-from pathlib import Path
 
 from dlrm_platform.tuner.actions import project
+from dlrm_platform.tuner.control_file import write_control
 from dlrm_platform.tuner.observe import Observation, RawSnapshot, WindowedObserver
 from dlrm_platform.tuner.spec import Allocation, TunerSpec
 
@@ -28,14 +26,6 @@ def reward(obs: Observation) -> float:
     pressure = max(0.0, obs.mem_fraction - MEM_PRESSURE_START) / (1.0 - MEM_PRESSURE_START)
     spill = 1.0 if obs.spill_rate > 0 else 0.0
     return thr * (1.0 - 0.5 * pressure - 0.5 * spill)
-
-
-def write_block_rows(control_file: str, rows: int) -> None:
-    """Rows per block for the tasks that start from now on (``spec.BlockRowsSpec``): replaced atomically."""
-    path = Path(control_file)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"block_rows": int(rows)}))
-    os.replace(tmp, path)
 
 
 class Controller:
@@ -62,7 +52,7 @@ class Controller:
         #: rows per block now, where the pipeline's blocks can be resized while it runs
         self.block_rows: int | None = spec.block_rows.initial if spec.block_rows is not None else None
         if self.block_rows is not None:
-            write_block_rows(spec.block_rows.control_file, self.block_rows)
+            write_control(spec.block_rows.control_file, {"block_rows": self.block_rows})
 
     # -- binding to one live execution at a time
     def bind(self, key: int) -> bool:
@@ -87,7 +77,7 @@ class Controller:
         self.last_obs = None  # the report at the end covers this execution only
         if tuned is not None:
             self.tuned = [n for n in self.cpus if n in tuned]
-        self.policy.on_epoch_start(self.epoch)
+        self.policy.start_execution(self.epoch)
         self._record({"type": "epoch_start", "allocation": dict(self.allocation),
                       "tuned": self.tuned, "fused": fused or {}, "missing": missing or []})
 
@@ -161,7 +151,7 @@ class Controller:
         if spec.max_rows is not None:
             rows = min(rows, spec.max_rows)
         self.block_rows = rows
-        write_block_rows(spec.control_file, rows)
+        write_control(spec.control_file, {"block_rows": rows})  # read by the tasks that start from now on
         self.observer.note_change(t)
         self.policy.on_block_rows_change()
 

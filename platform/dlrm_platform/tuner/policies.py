@@ -34,7 +34,7 @@ import math
 from collections.abc import Sequence
 
 from dlrm_platform.tuner.actions import can_grow, used_cpus
-from dlrm_platform.tuner.block_size import BlockSizer, Drain
+from dlrm_platform.tuner.block_size import BlockSizer, Drain, doubled_sizes
 from dlrm_platform.tuner.observe import Observation, OccupiedSlotRates
 from dlrm_platform.tuner.plumber import per_slot_samples, solve_lp
 from dlrm_platform.tuner.scaling import ScalingMemory
@@ -60,6 +60,16 @@ class Policy:
 
     def on_epoch_start(self, epoch: int) -> None:
         pass
+
+    def start_execution(self, epoch: int) -> None:
+        """A new execution (each epoch's pass): a block-size step in flight is void, then the policy's own reset."""
+        if self.block_sizer is not None:
+            self.block_sizer.forget()
+        self.on_epoch_start(epoch)
+
+    def _with_blocks(self, text: str) -> str:
+        """``describe``'s text, with the block sizer's state where it steers one."""
+        return f"{text}; {self.block_sizer.describe()}" if self.block_sizer is not None else text
 
     def decide_block_rows(self, obs: Observation, alloc: Allocation) -> tuple[int, dict] | None:
         """``(rows per block, explanation)`` to change to, or None; asked each interval the allocation
@@ -603,11 +613,7 @@ class OraclePolicy(Policy):
     # alike), the allocation search at the best one, then the pick again beside the other policies'
     # final (allocation, size) pairs, so it is as good as theirs by construction
     def _start_blocks(self, obs, alloc: Allocation) -> Allocation:
-        top = self.spec.block_rows.max_rows or 16 * self.rows0
-        sizes, r = [self.rows0], self.rows0
-        while 2 * r <= top:
-            r *= 2
-            sizes.append(r)
+        sizes = doubled_sizes(self.rows0, self.spec.block_rows.max_rows or 16 * self.rows0)
         self.block_stage, self.block_queue, self.block_results = "first", [(dict(alloc), r) for r in sizes], []
         return self._propose_rows(obs, *self.block_queue[0])
 
@@ -725,8 +731,6 @@ class RLPolicy(Policy):
         self.awaiting.clear()
         self.unjudged = False
         self.fs.moves.new_execution()
-        if self.block_sizer is not None:
-            self.block_sizer.forget()
 
     def on_block_rows_change(self) -> None:
         self.fs.scaling = ScalingMemory(self.spec.names)
@@ -797,8 +801,7 @@ class RLPolicy(Policy):
         return target
 
     def describe(self) -> str:
-        blocks = f"; {self.block_sizer.describe()}" if self.block_sizer is not None else ""
-        return f"rl: {self.last_action}{blocks}"
+        return self._with_blocks(f"rl: {self.last_action}")
 
 
 class AutoPolicy(Policy):
@@ -833,8 +836,6 @@ class AutoPolicy(Policy):
         self.choice = None  # re-decided on the execution's first observation
         if self.inner is not None:
             self.inner.on_epoch_start(epoch)
-        if self.block_sizer is not None:
-            self.block_sizer.forget()
 
     def on_block_rows_change(self) -> None:
         if self.inner is not None:
@@ -876,8 +877,7 @@ class AutoPolicy(Policy):
         if self.choice is None:
             return "auto: choosing"
         inner = f" ({self.inner.describe()})" if self.choice != "static" and self.inner is not None else ""
-        blocks = f"; {self.block_sizer.describe()}" if self.block_sizer is not None else ""
-        return f"auto -> {self.choice}{inner}{blocks}"
+        return self._with_blocks(f"auto -> {self.choice}{inner}")
 
 
 POLICY_CLASSES = {

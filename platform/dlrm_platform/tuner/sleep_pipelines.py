@@ -26,9 +26,7 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dlrm_platform.errors import UserError
+from dlrm_platform.tuner.block_size import doubled_sizes
+from dlrm_platform.tuner.control_file import read_control, write_control
 from dlrm_platform.tuner.spec import OpSpec
 
 
@@ -117,7 +117,6 @@ class PipelineDef(_Strict):
         return {
             "cpu_budget": self.cluster.data_cpus,
             "block_rows": self.rows_per_block,
-            "max_block_rows": self.max_rows_per_block,
             "row_bytes": self.row_bytes,
             "ops": [
                 {
@@ -156,40 +155,16 @@ def load_pipeline(path: str | Path) -> PipelineDef:
 
 # --------------------------------------------------------------------------- runtime pieces
 
-_COST_CACHE: dict[str, tuple[float, dict]] = {}
 STORAGE_NAMESPACE = "dlrm_platform_bench"
 
 
-def _control(control_file: str | None) -> dict:
-    """The control file's JSON, re-read when it changes (cost multipliers, rows per block)."""
-    if not control_file:
-        return {}
-    try:
-        st = os.stat(control_file)
-    except FileNotFoundError:
-        return {}
-    stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-    cached = _COST_CACHE.get(control_file)
-    if cached is None or cached[0] != stamp:
-        try:
-            data = json.loads(Path(control_file).read_text() or "{}")
-        except (OSError, ValueError):
-            data = cached[1] if cached else {}
-        _COST_CACHE[control_file] = (stamp, data)
-        cached = _COST_CACHE[control_file]
-    return cached[1]
-
-
 def _multiplier(control_file: str | None, op: str) -> float:
-    return float(_control(control_file).get(op, 1.0))
+    return float(read_control(control_file).get(op, 1.0))
 
 
 def set_cost_multipliers(control_file: str | Path, multipliers: dict[str, float]) -> None:
     """Change operator costs of a running pipeline (atomically replaces the control file)."""
-    control_file = Path(control_file)
-    tmp = control_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(multipliers))
-    os.replace(tmp, control_file)
+    write_control(control_file, multipliers)
 
 
 class _Storage:
@@ -269,7 +244,7 @@ def _make_op_fn(op: SyntheticOperator, rows_per_block: int, row_floats: int, con
 
         if first:  # reads a block: as many rows as the block-size control says when the task starts
             ids = np.asarray(batch["id"])
-            rows = int(_control(block_rows_file).get("block_rows", rows_per_block))
+            rows = int(read_control(block_rows_file).get("block_rows", rows_per_block))
             n = int(len(ids) * rows)
             base = int(ids[0]) * rows if len(ids) else 0
             batch = {"id": np.arange(base, base + n, dtype=np.int64),
@@ -313,7 +288,7 @@ def build_dataset(
     """The Ray Data pipeline of ``pipe`` over ``num_blocks`` blocks (``strategies`` from
     ``tuner.compute_strategies``). Storage services are started as named actors.
     ``block_rows_file``: the first operator reads each block's rows from it when the task starts
-    (``tuner.controller.write_block_rows``); otherwise every block has ``pipe.rows_per_block``."""
+    (``spec.BlockRowsSpec``, written by the tuner's controller); otherwise every block has ``pipe.rows_per_block``."""
     import ray
     from ray.data import ActorPoolStrategy
 
@@ -346,10 +321,7 @@ def build_dataset(
 
 def block_row_sizes(pipe: PipelineDef) -> list[int]:
     """The block sizes a tuner can reach: ``rows_per_block`` doubled up to ``max_rows_per_block``."""
-    sizes = [pipe.rows_per_block]
-    while pipe.max_rows_per_block and 2 * sizes[-1] <= pipe.max_rows_per_block:
-        sizes.append(2 * sizes[-1])
-    return sizes
+    return doubled_sizes(pipe.rows_per_block, pipe.max_rows_per_block or pipe.rows_per_block)
 
 
 def expected_optimum(pipe: PipelineDef) -> tuple[dict[str, int], float]:
