@@ -387,7 +387,8 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
 
 def _timeline(ticks: list[dict]) -> list[dict]:
     """Per interval: the allocation, the bottleneck, and each operator's measured capacity
-    (samples/s), mean tasks running and slot utilisation, as the policy saw them."""
+    (samples/s), mean tasks running and slot utilisation, as the policy saw them, and the slots
+    its tasks held under output backpressure (not counted as running)."""
     def r(x, nd=0):
         return None if x is None else round(float(x), nd)
 
@@ -395,7 +396,8 @@ def _timeline(ticks: list[dict]) -> list[dict]:
              "allocation": t.get("allocation"), "block_rows": t.get("block_rows"),
              "policy_state": t.get("policy_state"), "mem": [r(t.get("mem_used")), r(t.get("mem_limit"))],
              "ops": {n: {"capacity": r(o.get("capacity")), "running": r(o.get("running"), 2),
-                         "util": r(o.get("util"), 2)} for n, o in (t.get("per_op") or {}).items()}}
+                         "util": r(o.get("util"), 2), "throttled": r(o.get("throttled"), 2)}
+                     for n, o in (t.get("per_op") or {}).items()}}
             for t in ticks if t.get("per_op")]
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from dlrm_platform.tuner.block_size import BlockSizer, OpTaskTimes
+from dlrm_platform.tuner.block_size import BlockSizer, Drain, OpTaskTimes, fill_seconds
 from dlrm_platform.tuner.controller import Controller
 from dlrm_platform.tuner.observe import Observation, OpObs, RawOp, RawSnapshot
 from dlrm_platform.tuner.simulator import SimOp, SimPipeline, run_controller_in_sim
@@ -162,3 +162,68 @@ def test_the_suites_per_task_overhead_pipeline_is_resizable_and_its_optimum_need
     _, at_500 = sim.optimum()
     _, best = expected_optimum(pipe)
     assert best > 1.1 * at_500  # the YAML's own per-task costs alone, before Ray's are added live
+
+
+def test_a_noisy_step_whose_answer_is_clear_is_kept_without_waiting_for_three_windows(tmp_path):
+    """Large blocks reach the sink one every second or two, so a step's intervals swing widely; it is
+    measured longer only while that noise leaves its answer open."""
+    def probe_then(samples):
+        sizer = BlockSizer(BlockRowsSpec(initial=500, control_file=str(tmp_path / "r.json")),
+                           {"block_settle_s": 2, "block_measure_s": 4})
+        t, step = 0.0, None
+        while step is None:
+            t += 1
+            step = sizer.decide(_obs(t, 1000.0, t), {"a": 4})
+        t0 = t
+        while sizer.judging and t < t0 + 60:
+            t += 1
+            sizer.decide(_obs(t, samples[int(t) % len(samples)], t), {"a": 4})
+        return sizer, t - t0
+
+    clear, clear_s = probe_then([2000.0, 6000.0, 4000.0])  # 4,000 +- 1,150 against 1,000: kept at once
+    assert clear.rows == 8000 and "kept" in clear.last_reason
+    close, close_s = probe_then([300.0, 1800.0, 900.0])  # 1,000 +- 430: measured for three windows
+    assert close.rows == 8000 and "kept" in close.last_reason
+    assert clear_s < close_s
+
+
+def test_the_sizers_drain_counts_the_new_blocks_latency_alongside_the_old_blocks_not_after_them():
+    """Held samples come out while the first new block travels: the sizer measures once both are
+    done; the oracle (stacked) waits for one after the other."""
+    def done_after(overlapped: bool) -> float:
+        drain = Drain(settle_s=2.0, overlapped=overlapped)
+        at_change = _obs(0.0, 1000.0, 0.0)
+        at_change.ops[0].tasks_now, at_change.ops[0].queue_blocks = 0.0, 0.0
+        drain.start(at_change, 500, 8000, fits={"a": (0.5, 0.001)})  # 8.5 s per new task
+        drain.left = 10_000.0  # ten seconds' worth of old blocks queued
+        t = 0.0
+        while drain.draining:
+            t += 1.0
+            drain.update(_obs(t, 1000.0, t))
+        return t
+
+    assert fill_seconds(_obs(0.0, 1000.0, 0.0), 500, 8000, fits={"a": (0.5, 0.001)}) == pytest.approx(8.5)
+    assert done_after(overlapped=True) == pytest.approx(10.0)   # max(drained at 10 s, filled at 8.5 s)
+    assert done_after(overlapped=False) == pytest.approx(19.0)  # drained at 10 s, then 8.5 s more
+
+
+def test_the_drain_ends_when_the_sink_delivers_blocks_of_the_new_size():
+    """Live, the sink's blocks are counted: once its rows per block pass the geometric middle of the
+    old and the new size, the old blocks are out, whatever the held-samples count still says."""
+    def obs_at(t: float, rows_per_block: float | None) -> Observation:
+        o = _obs(t, 1000.0, t)
+        o.extra["sink_rows_per_block"] = rows_per_block
+        return o
+
+    drain = Drain(settle_s=2.0, overlapped=True)
+    drain.start(obs_at(0.0, 450.0), 500, 8000, fits={"a": (0.5, 0.005)})  # a 40 s fill by the fit
+    drain.left = 1e9  # the count would never run out
+    t, seen = 0.0, {1.0: 450.0, 2.0: 450.0, 3.0: 900.0, 4.0: 1500.0, 5.0: 2500.0, 6.0: 7200.0}
+    while drain.draining and t < 29:
+        t += 1.0
+        drain.update(obs_at(t, seen.get(t, 7200.0)))
+    assert t == 5.0  # 2,500 > 450 x 4 (the middle of 1x and 16x)
+    shrink = Drain(settle_s=2.0, overlapped=True)
+    shrink.start(obs_at(0.0, 7200.0), 8000, 500)
+    shrink.left = 1e9
+    assert not shrink.update(obs_at(2.0, 4000.0)) and shrink.update(obs_at(3.0, 1000.0))

@@ -63,3 +63,22 @@ def test_a_change_without_names_restarts_every_operators_window():
     o = obs.observation({"read": 2, "lookup": 4}, {"read": 1.0, "lookup": 1.0}, 6.0)
     # 11 - (10 + 1) leaves no window longer than the interval's own: the lumpy interval's rate stands
     assert o.op("lookup").rate_per_slot == pytest.approx(4000.0 / 4.0)
+
+
+def test_rates_before_the_sinks_first_output_are_not_measurements():
+    """Start-up: the first tasks run on workers still starting and importing; until the sink delivers,
+    no operator's rate is measured, and afterwards windows start no earlier than that first output."""
+    obs = WindowedObserver(window_s=1.0, op_window_s=6.0)
+    alloc, cpus = {"read": 2, "lookup": 4}, {"read": 1.0, "lookup": 1.0}
+    for t in range(0, 4):  # read finishes slow start-up tasks, nothing reaches the sink yet
+        obs.push(RawSnapshot(float(t), {"read": RawOp(rows_out=100.0 * t, slot_seconds=2.0 * t),
+                                        "lookup": RawOp(rows_out=0.0, slot_seconds=4.0 * t)}, sink_rows=0.0))
+        o = obs.observation(alloc, cpus, 6.0)
+        assert o is None or all(op.rate_per_slot is None and not op.measured for op in o.ops)
+    for t in range(4, 8):  # delivering: read at 1,000 rows per slot-second
+        obs.push(RawSnapshot(float(t), {"read": RawOp(rows_out=300.0 + 2000.0 * (t - 3), slot_seconds=2.0 * t),
+                                        "lookup": RawOp(rows_out=1000.0 * (t - 3), slot_seconds=4.0 * t)},
+                             sink_rows=1000.0 * (t - 3)))
+    o = obs.observation(alloc, cpus, 6.0)
+    assert obs.delivered_t == 4.0
+    assert o.op("read").measured and o.op("read").rate_per_slot == pytest.approx(1000.0)  # not the start-up's 50

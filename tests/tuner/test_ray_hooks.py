@@ -216,3 +216,27 @@ def test_a_coordinator_still_starting_is_not_waited_for():
     assert client._cached_reserved_resources == {}
     assert client._pending_reserved_resources == ("reply-of", "data-ds_1")  # Ray Data takes the answer when it comes
     assert executor._resource_manager._global_limits_last_update_time == 123.0
+
+
+def test_slots_held_under_output_backpressure_are_not_counted_as_working(monkeypatch):
+    """An operator whose outputs the executor does not read holds its slots without working:
+    that time goes to throttled_seconds, not to the slot-seconds its rate per slot divides by."""
+    class Op:
+        def __init__(self):
+            self._in_task_output_backpressure = False
+
+        def num_active_tasks(self):
+            return 4
+
+    op = Op()
+    binding = ray_hooks._Binding.__new__(ray_hooks._Binding)
+    binding.by_name, binding.fused = {"read": op}, {}
+    binding.slot_seconds, binding.throttled_seconds = {"read": 0.0}, {"read": 0.0}
+    clock = iter([10.0, 11.0, 13.0])
+    monkeypatch.setattr(ray_hooks.time, "monotonic", lambda: next(clock))
+    binding.last_sample = next(clock)
+    binding.sample()  # 1 s working
+    op._in_task_output_backpressure = True
+    binding.sample()  # 2 s waiting for its outputs to be read
+    assert binding.slot_seconds["read"] == pytest.approx(4.0)
+    assert binding.throttled_seconds["read"] == pytest.approx(8.0)

@@ -22,6 +22,8 @@ hold more object-store memory, so every step is masked against the store's limit
   while the throughput before the step (where the allocation policy left no quiet stretch)
   and after it are measured, and a step that delivered clearly less than the size it left
   is undone, and that size and larger ones are not tried again for ``ban_s``.
+* The allocation holds from the start until the first step is judged (or none is worth one):
+  what the start-up's rates suggest is wrong at the size the sizer goes on to choose.
 * Every step is masked against the object store: the running tasks' input and output blocks
   must fit half its limit; past that (more slots since) it halves the blocks, never below the
   initial size.
@@ -104,13 +106,22 @@ def held_samples(obs: Observation, rows: int) -> float:
     return blocks * per_block
 
 
-def fill_seconds(obs: Observation, old_rows: int, new_rows: int) -> float:
-    """Seconds the first block of ``new_rows`` takes through every operator, bounded above by each
-    operator's occupied seconds per task now scaled by the size ratio (its fixed part does not
-    scale): until it reaches the sink, the sink sees a gap that is no measure of the new size."""
+def fill_seconds(obs: Observation, old_rows: int, new_rows: int,
+                 fits: dict[str, tuple[float, float]] | None = None) -> float:
+    """Seconds the first block of ``new_rows`` takes through every operator: until it reaches the
+    sink, the sink sees a gap that is no measure of the new size. An operator's seconds per task
+    come from its fitted ``(fixed, per_row)`` where ``fits`` has it, else its occupied seconds per
+    task now scaled by the size ratio (an upper bound: its fixed part does not scale; with 500-row
+    tasks at 0.2-0.4 s each, 16x that overstated the fill by about 2x live)."""
     total = 0.0
     for o in obs.ops:
-        if o.completed or o.out_rate <= 0 or o.running <= 0:
+        if o.completed:
+            continue
+        if fits and o.name in fits:
+            fixed, per_row = fits[o.name]
+            total += fixed + per_row * max(new_rows, old_rows)
+            continue
+        if o.out_rate <= 0 or o.running <= 0:
             continue
         task_s = o.running / o.out_rate * old_rows  # per read row's worth of this operator's output
         total += task_s * new_rows / old_rows if new_rows > old_rows else task_s
@@ -122,21 +133,36 @@ class Drain:
     as they take (seconds with small blocks, tens of seconds with 8,000-row blocks queued), and the
     first new block then takes the pipeline's latency at its size to reach the sink: a measurement
     of the new size starts once the sink has delivered as many samples as the pipeline held at the
-    change and that latency has passed, no sooner than ``settle_s`` (nor later than ``max_s``)."""
+    change and that latency has passed, no sooner than ``settle_s`` (nor later than ``max_s``).
 
-    def __init__(self, settle_s: float, max_s: float = 30.0):
-        self.settle_s, self.max_s = settle_s, max_s
+    ``overlapped``: the latency counts from the change, alongside the drain (the first new block is
+    read at once and travels while the old ones come out), instead of after it. The block sizer
+    overlaps them: stacked, a 16x probe waited out the 30 s bound live before its first measurement.
+    The oracle stacks them: it pays seconds, never a measurement that starts early."""
+
+    def __init__(self, settle_s: float, max_s: float = 30.0, overlapped: bool = False):
+        self.settle_s, self.max_s, self.overlapped = settle_s, max_s, overlapped
         self.t0: float | None = None
         self.left = 0.0
         self.last_t = 0.0
         self.done_t: float | None = None
         self.drained_t: float | None = None
         self.fill_s = 0.0
+        self.middle_rows: float | None = None
+        self.growing = False
 
-    def start(self, obs: Observation, old_rows: int, new_rows: int | None = None) -> None:
+    def start(self, obs: Observation, old_rows: int, new_rows: int | None = None,
+              fits: dict[str, tuple[float, float]] | None = None) -> None:
         self.t0, self.last_t, self.done_t, self.drained_t = obs.t, obs.t, None, None
         self.left = held_samples(obs, old_rows)
-        self.fill_s = fill_seconds(obs, old_rows, new_rows) if new_rows else 0.0
+        self.fill_s = fill_seconds(obs, old_rows, new_rows, fits) if new_rows else 0.0
+        # Where the sink's blocks are counted (live), the new size shows there directly: its rows per
+        # block past the geometric middle of the old and the new size. The held-samples count above
+        # overstated the queues live (8,000-row blocks arrived 17 s before it ran out).
+        per_block = obs.extra.get("sink_rows_per_block")
+        self.middle_rows = (per_block * math.sqrt(new_rows / old_rows)
+                            if per_block and new_rows and new_rows != old_rows else None)
+        self.growing = bool(new_rows and new_rows > old_rows)
 
     @property
     def draining(self) -> bool:
@@ -149,10 +175,15 @@ class Drain:
         self.left -= obs.throughput * max(obs.t - self.last_t, 0.0)
         self.last_t = obs.t
         since = obs.t - self.t0
-        if self.left <= 0 and self.drained_t is None:
+        per_block = obs.extra.get("sink_rows_per_block")
+        arrived = self.middle_rows is not None and per_block is not None and (
+            per_block >= self.middle_rows if self.growing else per_block <= self.middle_rows)
+        if (self.left <= 0 or arrived) and self.drained_t is None:
             self.drained_t = obs.t
-        if (self.drained_t is not None and since >= self.settle_s and obs.t - self.drained_t >= self.fill_s) \
-                or since >= self.max_s:
+        # the new size seen at the sink is the fill done, where overlapped (the oracle still waits it out)
+        filled = (self.overlapped and arrived) or \
+            (since if self.overlapped else obs.t - (self.drained_t or obs.t)) >= self.fill_s
+        if (self.drained_t is not None and since >= self.settle_s and filled) or since >= self.max_s:
             self.done_t = obs.t
         return self.done_t is not None
 
@@ -179,14 +210,21 @@ class BlockSizer:
         self._last_t: float | None = None
         self.claim_t: float | None = None  # holding the allocation to measure 'before' for a step
         self.delivering_t: float | None = None  # when the pipeline first delivered (start-up is no measurement)
-        self.drain = Drain(self.settle_s)
+        self.drain = Drain(self.settle_s, overlapped=True)
         self.last_reason = "measuring"
+        #: the allocation holds from the start until the first step is judged (or none is worth one):
+        #: the slots the start-up's rates suggest are wrong at the size it will choose (live, rl moved read
+        #: to 11 slots and the hashing to 2 at 500-row blocks, then re-tuned at 8,000 for 30 s), and the
+        #: steady start-up allocation is the quietest stretch to judge a size in
+        self.opening = True
+        self.opening_max_s = float(opts.get("block_opening_max_s", 90.0))
 
     # -- state read by the controller and the policy
     @property
     def judging(self) -> bool:
-        """A step is being measured (or the throughput before it): the allocation holds meanwhile."""
-        return self.trial is not None or self.claim_t is not None
+        """A step is being measured (or the throughput before it, or the first step is yet to be
+        judged): the allocation holds meanwhile."""
+        return self.trial is not None or self.claim_t is not None or self.opening
 
     def describe(self) -> str:
         return f"blocks of {self.rows:,} rows ({self.last_reason})"
@@ -288,6 +326,8 @@ class BlockSizer:
             self.delivering_t = now
         key = tuple(sorted(alloc.items()))
         self._record(obs, key)
+        if self.opening and self.delivering_t is not None and now - self.delivering_t > self.opening_max_s:
+            self.opening = False  # never measured enough to step: the allocation policy may not wait longer
         if self.trial is not None:
             return self._judge(obs, key)
         fits = self._mem_cap(obs)
@@ -300,7 +340,8 @@ class BlockSizer:
         # the pipeline's start-up is not a measurement (workers start; a stall of seconds), nor are
         # the old blocks draining after a change
         if self.delivering_t is None or now - self.delivering_t < self.measure_s + self.settle_s:
-            self.last_reason = "waiting for the pipeline to deliver steadily"
+            self.last_reason = "waiting for the pipeline to deliver steadily" + (
+                "; the allocation holds until the first block size is judged" if self.opening else "")
             return None
         if self.drain.draining or obs.extra.get("throughput_long", obs.throughput) <= 0:
             self.last_reason = "the blocks of the old size draining" if self.drain.draining else "nothing delivered"
@@ -308,6 +349,8 @@ class BlockSizer:
         plan = self._plan(obs, fits, now)
         if plan is None:
             self.claim_t = None
+            if self.predict(obs, self.rows) is not None:  # measured, and no step worth it
+                self.opening = False
             return None
         new, gain, why = plan
         # the delivered throughput at this size and allocation, settled: claimed (the allocation holds)
@@ -322,6 +365,7 @@ class BlockSizer:
                 self.last_reason = "holding the allocation to measure the throughput before a block-size step"
             elif now - self.claim_t > 3 * (self.measure_s + self.settle_s):  # never steady: let go
                 self.claim_t = None
+                self.opening = False
             return None
         self.claim_t = None
         return self._step(obs, new, gain, why=why, before=before)
@@ -377,7 +421,8 @@ class BlockSizer:
         if before is not None:
             self.trial = _Trial(obs.t, old, new, before)
         self.rows = new
-        self.drain.start(obs, old, new)
+        fits = {n: f for n, times in self.ops.items() if (f := times.fit()) is not None}
+        self.drain.start(obs, old, new, fits)
         self.last_reason = why
         return new, {"bottleneck": pred[1] if pred is not None else obs.bottleneck(), "expected_gain": gain,
                      "text": why, "block_rows": [old, new]}
@@ -385,21 +430,27 @@ class BlockSizer:
     def _judge(self, obs: Observation, key: tuple) -> tuple[int, dict] | None:
         tr = self.trial
         assert tr is not None
-        if self.drain.draining or obs.t - (self.drain.done_t or tr.t) < self.measure_s:
-            return None
         start = self.drain.done_t or tr.t
-        got = self.delivered(obs.t, self.rows, key, 3 * self.measure_s, start)
+        if self.drain.draining or obs.t - start < self.measure_s:
+            return None
+        # every interval since the drain, up to three windows: one window decides where it is clear
+        got = self.delivered(obs.t, self.rows, key, min(obs.t - start, 3 * self.measure_s), start)
         if got is None:
             if obs.t - tr.t > self.drain.max_s + 4 * self.measure_s:  # never measured steady: give up, keep it
                 self.trial = None
+                self.opening = False
             return None
         after, se = got
-        # noisy (a few large blocks per window): measure longer, up to three windows
-        if se > 0.1 * after and obs.t - start < 3 * self.measure_s:
+        # undone only when clearly less: beyond the margin and twice the measurement's own error
+        undo = after + 2 * se < tr.before * (1.0 - self.undo_margin)
+        clear = undo or after - 2 * se > tr.before * (1.0 - self.undo_margin)
+        # noisy (a few large blocks per window): measure longer, up to three windows, unless the
+        # answer is already clear (live: 6,900 against 2,000 after the first window, kept 28 s later)
+        if se > 0.1 * after and not clear and obs.t - start < 3 * self.measure_s:
             return None
         self.trial = None
-        # undone only when clearly less: beyond the margin and twice the measurement's own error
-        if after + 2 * se < tr.before * (1.0 - self.undo_margin):
+        self.opening = False
+        if undo:
             self.banned_from = tr.after_rows
             self.banned_until = obs.t + self.ban_s
             return self._step(obs, tr.before_rows, after / tr.before - 1.0, why=(
@@ -416,4 +467,4 @@ class BlockSizer:
         self.history.clear()
         self._last_t = None
         self.delivering_t = None
-        self.drain = Drain(self.settle_s)
+        self.drain = Drain(self.settle_s, overlapped=True)

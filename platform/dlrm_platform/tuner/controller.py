@@ -188,6 +188,7 @@ class Controller:
                 "pool_util": o.pool_util,
                 "pool_size": o.pool_size,
                 "tasks_now": o.tasks_now,
+                "throttled": o.throttled,
                 "element_ratio": o.element_ratio,
             }
         self._record({

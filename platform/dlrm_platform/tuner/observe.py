@@ -27,6 +27,7 @@ class RawOp:
     rows_out_done: float | None = None  # cumulative output rows of finished tasks (None: = rows_out)
     rows_out: float = 0.0         # cumulative rows produced by its tasks
     slot_seconds: float = 0.0     # cumulative integral of tasks running (occupied slot-seconds)
+    throttled_seconds: float = 0.0  # cumulative slot-seconds held under output backpressure (not in slot_seconds)
     busy_seconds: float | None = None  # cumulative time tasks spent producing outputs (worker-measured)
     bp_seconds: float = 0.0       # cumulative task-submission backpressure time
     spilled_bytes: float = 0.0    # cumulative bytes spilled
@@ -43,6 +44,7 @@ class RawSnapshot:
     t: float
     ops: dict[str, RawOp]
     sink_rows: float              # cumulative rows delivered to the consumer(s)
+    sink_blocks: float | None = None  # cumulative blocks (bundles) delivered, where counted (live)
     mem_used: float = 0.0         # object-store bytes used by the pipeline now
     mem_limit: float = float("inf")  # bytes the tuner may let the pipeline use
     data_wait: float | None = None   # trainers' data-wait fraction, when reported
@@ -67,6 +69,7 @@ class OpObs:
     pool_size: int | None = None   # actors alive + pending (actor pools)
     measured: bool = False         # rate_per_slot measured in this window (else remembered)
     tasks_now: float = 0.0         # tasks running at the end of the window
+    throttled: float = 0.0         # mean slots held by tasks whose outputs were not read (output backpressure)
 
 
 @dataclass
@@ -182,6 +185,7 @@ def observe(
                 completed=b.completed,
                 pool_size=b.pool_size,
                 tasks_now=b.running,
+                throttled=max(b.throttled_seconds - a.throttled_seconds, 0.0) / dt,
             )
         )
     spr = samples_per_sink_row
@@ -203,8 +207,16 @@ def observe(
         budget=budget,
         data_wait=cur.data_wait,
         since_change_s=since_change_s,
-        extra={"samples_per_sink_row": spr, "sink_factors": factors},
+        extra={"samples_per_sink_row": spr, "sink_factors": factors,
+               "sink_rows_per_block": _rows_per_block(prev, cur)},
     )
+
+
+def _rows_per_block(prev: RawSnapshot, cur: RawSnapshot) -> float | None:
+    """Rows per block delivered to the consumer over the window (None: not counted, or none delivered)."""
+    if prev.sink_blocks is None or cur.sink_blocks is None or cur.sink_blocks - prev.sink_blocks < 1:
+        return None
+    return (cur.sink_rows - prev.sink_rows) / (cur.sink_blocks - prev.sink_blocks)
 
 
 def with_capacities(obs: Observation, rates: dict[str, float]) -> Observation:
@@ -253,8 +265,12 @@ class WindowedObserver:
         self.keep_s = keep_s
         self.snaps: list[RawSnapshot] = []
         self.last_change_t: float | None = None
+        #: when the sink first delivered in this execution: no rate before it is a measurement
+        self.delivered_t: float | None = None
 
     def push(self, snap: RawSnapshot) -> None:
+        if self.delivered_t is None and snap.sink_rows > 0:
+            self.delivered_t = snap.t
         self.snaps.append(snap)
         cutoff = snap.t - self.keep_s
         while len(self.snaps) > 2 and self.snaps[0].t < cutoff:
@@ -272,6 +288,7 @@ class WindowedObserver:
     def clear(self) -> None:
         """Forget the snapshots (a new execution restarts the counters); keep the learned rates."""
         self.snaps.clear()
+        self.delivered_t = None
 
     def since_change(self) -> float:
         if not self.snaps:
@@ -301,7 +318,7 @@ class WindowedObserver:
             if o.completed:
                 continue
             changed = self.op_change_t.get(o.name, self._all_changed_t)
-            start = cur.t - self.op_window_s
+            start = max(cur.t - self.op_window_s, self.delivered_t)
             if changed is not None:
                 start = max(start, changed + self.settle_s)
             first = next((sn for sn in self.snaps[:-1] if sn.t >= start - 1e-9), None)
@@ -325,7 +342,14 @@ class WindowedObserver:
         # short window (block granularity) keeps its last measured rate, and its capacity
         # follows its current number of slots.
         factors = obs.extra["sink_factors"]
-        self._per_op_windows(obs, factors)
+        if self.delivered_t is None or prev.t < self.delivered_t:
+            # Start-up: until the sink's first output, tasks run on workers that are still starting and
+            # importing (live: 5-20x slower than later), and a policy that read those rates moved the
+            # slots to whichever operator started slowest. Remembered rates (an earlier execution) stand.
+            for o in obs.ops:
+                o.rate_per_slot, o.capacity, o.measured = None, None, False
+        if self.delivered_t is not None:
+            self._per_op_windows(obs, factors)
         for o, f in zip(obs.ops, factors):
             if o.rate_per_slot is not None:
                 old = self.rates.get(o.name)

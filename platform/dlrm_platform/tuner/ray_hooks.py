@@ -74,10 +74,12 @@ REQUIRED_HOOKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("ray.data._internal.execution.operators.actor_pool_map_operator", "ActorPoolMapOperator",
      ("get_autoscaling_actor_pools",)),
     ("ray.data._internal.execution.interfaces.physical_operator", "PhysicalOperator",
-     ("name", "metrics", "num_active_tasks", "has_completed", "get_autoscaling_actor_pools")),
+     ("name", "metrics", "num_active_tasks", "has_completed", "get_autoscaling_actor_pools",
+      "self._in_task_output_backpressure")),
     ("ray.data._internal.execution.interfaces.op_runtime_metrics", "OpRuntimeMetrics",
      ("num_task_inputs_processed", "num_row_inputs_received", "num_inputs_received",
-      "rows_outputs_of_finished_tasks", "rows_task_outputs_generated", "row_outputs_taken", "num_tasks_running",
+      "rows_outputs_of_finished_tasks", "rows_task_outputs_generated", "row_outputs_taken", "num_outputs_taken",
+      "num_tasks_running",
       "task_submission_backpressure_time", "obj_store_mem_internal_inqueue", "obj_store_mem_spilled",
       "block_generation_time")),
     ("ray.data._internal.execution.streaming_executor_state", "OpState", ("total_enqueued_input_blocks",)),
@@ -271,7 +273,8 @@ class _Binding:
         self.sink = self.ops_all[-1]
         self.policy = next((p for p in executor._backpressure_policies if isinstance(p, TunerBackpressurePolicy)),
                            None)
-        self.slot_seconds = {n: 0.0 for n in spec.names}
+        self.slot_seconds = {n: 0.0 for n in spec.names}  # occupied by a task that can progress
+        self.throttled_seconds = {n: 0.0 for n in spec.names}  # occupied under output backpressure
         self.last_sample = time.monotonic()
 
     def controlled(self) -> dict[str, Any]:
@@ -282,10 +285,18 @@ class _Binding:
         dt = now - self.last_sample
         self.last_sample = now
         for n, op in self.controlled().items():
+            # A task whose outputs the executor does not read (output backpressure: its consumers are
+            # behind) holds its slot without working. Counted, that wait made an operator that outruns
+            # its consumers look like the slowest one (live: read at 16 slots measured 1,300 samples/s
+            # with 8,000-row blocks while it fed 7,000), and the policies grew it further.
             try:
-                self.slot_seconds[n] += op.num_active_tasks() * dt
+                held = op.num_active_tasks() * dt
             except Exception:  # noqa: BLE001 - a finished operator may refuse
-                pass
+                continue
+            if getattr(op, "_in_task_output_backpressure", False):
+                self.throttled_seconds[n] += held
+            else:
+                self.slot_seconds[n] += held
 
     def snapshot(self, mem_limit: float, data_wait: float | None) -> RawSnapshot:
         topo = self.executor._topology
@@ -301,6 +312,7 @@ class _Binding:
                 rows_out_done=float(m.rows_outputs_of_finished_tasks or 0),
                 rows_out=float(m.rows_task_outputs_generated or 0),
                 slot_seconds=self.slot_seconds[n],
+                throttled_seconds=self.throttled_seconds[n],
                 busy_seconds=float(m.block_generation_time or 0.0),
                 bp_seconds=float(m.task_submission_backpressure_time or 0.0),
                 spilled_bytes=float(m.obj_store_mem_spilled or 0),
@@ -316,6 +328,7 @@ class _Binding:
             t=time.monotonic(),
             ops=ops,
             sink_rows=float(self.sink.metrics.row_outputs_taken or 0),
+            sink_blocks=float(self.sink.metrics.num_outputs_taken or 0),
             mem_used=float(rm.get_global_usage().object_store_memory or 0),
             mem_limit=mem_limit,
             data_wait=data_wait,
