@@ -134,7 +134,7 @@ def test_timeline_keeps_what_the_policy_saw_each_interval(bench):
     ticks = [
         {"type": "tick", "elapsed": 1.04, "throughput": 3890.4, "bottleneck": "lookup", "allocation": {"read": 2, "lookup": 13},
          "per_op": {"read": {"capacity": 10_812.7, "running": 2.0, "util": 1.0, "queue_blocks": 3},
-                    "lookup": {"capacity": 912.3, "running": 12.987, "util": 0.999}}},
+                    "lookup": {"capacity": 912.3, "running": 12.987, "util": 0.999, "throttled": 0.504}}},
         {"type": "tick", "elapsed": 2.1, "throughput": 0.0, "bottleneck": None, "allocation": {"read": 2, "lookup": 13},
          "per_op": {"read": {"capacity": None, "running": 0.0, "util": 0.0},
                     "lookup": {"capacity": 9_301.0, "running": 13.0, "util": 1.0}}},
@@ -142,6 +142,24 @@ def test_timeline_keeps_what_the_policy_saw_each_interval(bench):
     tl = bench._timeline(ticks)
     assert [t["t"] for t in tl] == [1.0, 2.1]
     assert tl[0]["bottleneck"] == "lookup" and tl[0]["allocation"] == {"read": 2, "lookup": 13}
-    assert tl[0]["ops"]["lookup"] == {"capacity": 912.0, "running": 12.99, "util": 1.0}
+    assert tl[0]["ops"]["lookup"] == {"capacity": 912.0, "running": 12.99, "util": 1.0, "throttled": 0.5}
     assert tl[1]["ops"]["read"]["capacity"] is None  # not measured that interval: kept as unknown, not 0
-    assert set(tl[0]["ops"]["read"]) == {"capacity", "running", "util"}
+    assert set(tl[0]["ops"]["read"]) == {"capacity", "running", "util", "throttled"}
+
+
+def test_the_oracle_must_beat_every_configuration_a_policy_held_through_its_steady_state(bench):
+    """A policy's steady-state figure can come from a configuration it left shortly before the end: the
+    oracle re-measures each one it held for a quarter of that window, and the final one."""
+    a, b, c = ({"read": 4, "parse": 4}, {"read": 3, "parse": 5}, {"read": 3, "parse": 6})
+    res = {"policy": "auto", "elapsed_s": 100.0, "final_allocation": c, "final_block_rows": 8000,
+           "allocations": [[20.0, a], [60.0, b], [91.0, c]], "block_rows_steps": [[20.0, 8000, "probe"]]}
+    got = bench.steady_configurations(res, 40.0, {"allocation": a, "block_rows": 500})
+    assert {"allocation": b, "block_rows": 8000} in got      # 31 of the last 40 s
+    assert {"allocation": c, "block_rows": 8000} in got      # the final one, 9 s
+    assert len(got) == 2
+    early = dict(res, allocations=[[70.0, b]], block_rows_steps=[], final_allocation=b, final_block_rows=None)
+    got = bench.steady_configurations(early, 40.0, {"allocation": a, "block_rows": None})
+    assert got == [{"allocation": a, "block_rows": None}, {"allocation": b, "block_rows": None}]  # 10 s and 30 s
+    ray = {"policy": "ray_default", "observed_tasks_running": {"read": 3.6, "parse": 4.2}, "final_block_rows": None}
+    assert bench.steady_configurations(ray, 40.0, {"allocation": a, "block_rows": None}) == [
+        {"allocation": {"read": 4, "parse": 4}, "block_rows": None}]
