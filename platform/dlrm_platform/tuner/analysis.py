@@ -3,7 +3,7 @@
 CONFIG is either a job config (the platform's ingest pipeline over the job's
 training data) or a benchmark pipeline file (``benchmarks/pipelines/*.yaml``,
 recognised by its top-level ``operators`` list). The pipeline runs for
-``seconds`` at the config's own allocation with the tuner observing
+``seconds`` after its first output at the config's own allocation with the tuner observing
 (``static`` policy), then the measured per-operator rates go through the LP.
 
 The same pass is the *profiling pass* that calibrates the RL simulator
@@ -77,15 +77,22 @@ def _run_and_observe(ds, specs: list[OpSpec], budget: float, seconds: float, war
     window = max(seconds - warmup_s, 2.0)
     handle = tuner_api.attach(cfg, None, ds.context, budget, telemetry_sink=None, operators=specs,
                               options={"window_s": window, "settle_s": 0.0})
-    start = time.time()
-    rows = 0
-    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
-        rows += batch.num_rows
-        if time.time() - start >= seconds:
+    # The clock starts at the first delivered batch: the tuner takes no rate before the sink's first
+    # output (start-up workers), so on a slow machine a clock started at submission could leave
+    # the last window with nothing measured (CI: first output after 5 of 12 s, no bottleneck).
+    first_t: float | None = None
+    for _batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
+        now = time.time()
+        if first_t is None:
+            first_t = now
+        if now - first_t >= seconds:
             break
     ctl = ray_hooks.local_controller(handle.tuner_id)
     if ctl is None or ctl.last_obs is None:
         raise UserError(f"the pipeline produced no measurement in {seconds:g} s; run longer (--seconds)")
+    if not any(o.rate_per_slot for o in ctl.last_obs.ops):
+        raise UserError(f"no operator finished enough work to be measured in {seconds:g} s after the"
+                        " pipeline's first output; run longer (--seconds)")
     records = ctl.pop_records()
     starts = [r for r in records if r["type"] == "epoch_start"]
     fused = starts[-1]["fused"] if starts else {}

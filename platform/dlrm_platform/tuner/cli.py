@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("config", help="job config YAML, or a pipeline YAML (benchmarks/pipelines/*.yaml)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--seconds", type=float, default=20.0, help="how long to run the pipeline (default 20)")
+    p.add_argument("--seconds", type=float, default=20.0, help="how long to measure, from the pipeline's first output (default 20)")
     p.add_argument("--profile-out", metavar="PATH", help="also write the simulator profile (JSON) here")
     p.set_defaults(handler=_cmd_analyze)
 
