@@ -163,3 +163,31 @@ def test_the_oracle_must_beat_every_configuration_a_policy_held_through_its_stea
     ray = {"policy": "ray_default", "observed_tasks_running": {"read": 3.6, "parse": 4.2}, "final_block_rows": None}
     assert bench.steady_configurations(ray, 40.0, {"allocation": a, "block_rows": None}) == [
         {"allocation": {"read": 4, "parse": 4}, "block_rows": None}]
+
+
+def test_the_oracles_pick_runs_again_held_static_at_its_allocation_and_block_size(bench):
+    pipe = bench.load_pipeline(bench.ROOT / "benchmarks/pipelines/per_task_overhead.yaml")
+    alloc = {o.name: o.concurrency + 1 for o in pipe.operators}
+    pick = bench.pick_pipeline(pipe, {"allocation": alloc, "block_rows": 8000})
+    assert {o.name: o.concurrency for o in pick.operators} == alloc
+    assert pick.rows_per_block == 8000 and pick.max_rows_per_block is None  # no sizer: the size is held
+    assert bench.block_rows_spec(pick, bench.ROOT) is None
+    assert [o.ms_per_1k_rows for o in pick.operators] == [o.ms_per_1k_rows for o in pipe.operators]
+    # unresizable blocks keep the pipeline's own size
+    assert bench.pick_pipeline(pipe, {"allocation": alloc, "block_rows": None}).rows_per_block == pipe.rows_per_block
+
+
+def test_the_oracles_figure_is_the_better_of_its_search_run_and_the_fresh_run_of_its_pick(bench):
+    search = {"policy": "oracle", "samples_per_s": 14_100.0, "interval_samples_per_s": [14_000.0, 14_200.0],
+              "seconds_to_95pct": 700.0}
+    fresh = {"samples_per_s": 16_500.0, "interval_samples_per_s": [16_400.0, 16_600.0], "crash": None}
+    got = bench.adopt_fresh_pick(search, fresh)
+    assert got["samples_per_s"] == 16_500.0 and got["interval_samples_per_s"] == [16_400.0, 16_600.0]
+    assert got["figure_from"] == "fresh run of its pick" and got["search_run"]["samples_per_s"] == 14_100.0
+    # the oracle check then reads the fresh intervals
+    stats = {"oracle": bench.mean_ci(got["interval_samples_per_s"]), "rl": bench.mean_ci([16_700.0, 16_900.0])}
+    assert bench.oracle_check(stats)["ok"]
+    # a slower or crashed fresh run changes nothing
+    assert bench.adopt_fresh_pick(search, {**fresh, "samples_per_s": 13_000.0})["samples_per_s"] == 14_100.0
+    crashed = bench.adopt_fresh_pick(search, {**fresh, "crash": "RayTaskError: boom"})
+    assert crashed["samples_per_s"] == 14_100.0 and crashed["fresh_pick"]["crash"] == "RayTaskError: boom"
