@@ -177,17 +177,40 @@ def test_the_oracles_pick_runs_again_held_static_at_its_allocation_and_block_siz
     assert bench.pick_pipeline(pipe, {"allocation": alloc, "block_rows": None}).rows_per_block == pipe.rows_per_block
 
 
-def test_the_oracles_figure_is_the_better_of_its_search_run_and_the_fresh_run_of_its_pick(bench):
-    search = {"policy": "oracle", "samples_per_s": 14_100.0, "interval_samples_per_s": [14_000.0, 14_200.0],
-              "seconds_to_95pct": 700.0}
-    fresh = {"samples_per_s": 16_500.0, "interval_samples_per_s": [16_400.0, 16_600.0], "crash": None}
-    got = bench.adopt_fresh_pick(search, fresh)
-    assert got["samples_per_s"] == 16_500.0 and got["interval_samples_per_s"] == [16_400.0, 16_600.0]
-    assert got["figure_from"] == "fresh run of its pick" and got["search_run"]["samples_per_s"] == 14_100.0
-    # the oracle check then reads the fresh intervals
-    stats = {"oracle": bench.mean_ci(got["interval_samples_per_s"]), "rl": bench.mean_ci([16_700.0, 16_900.0])}
+def test_the_oracles_figure_is_the_best_of_its_search_run_and_its_fresh_runs(bench):
+    a = {"read": 3, "parse": 5}
+    b = {"read": 2, "parse": 6}
+    search = {"policy": "oracle", "samples_per_s": 11_500.0, "interval_samples_per_s": [11_000.0, 12_000.0],
+              "seconds_to_95pct": 160.0, "final_allocation": b, "final_block_rows": 8000}
+    pick = ({"allocation": b, "block_rows": 8000},
+            {"samples_per_s": 13_500.0, "interval_samples_per_s": [13_400.0, 13_600.0], "crash": None})
+    rl_cfg = ({"allocation": a, "block_rows": 8000},
+              {"samples_per_s": 16_900.0, "interval_samples_per_s": [16_800.0, 17_000.0], "crash": None})
+    got = bench.adopt_fresh_runs(search, [pick, rl_cfg])
+    assert got["samples_per_s"] == 16_900.0 and got["interval_samples_per_s"] == [16_800.0, 17_000.0]
+    assert got["final_allocation"] == a and got["final_block_rows"] == 8000  # the best configuration is its pick now
+    assert got["figure_from"] == "fresh run of 3/5 at 8,000 rows"
+    assert got["search_run"]["samples_per_s"] == 11_500.0 and len(got["fresh_runs"]) == 2
+    # the oracle check then reads the best run's intervals
+    stats = {"oracle": bench.mean_ci(got["interval_samples_per_s"]), "rl": bench.mean_ci([17_400.0, 17_900.0])}
     assert bench.oracle_check(stats)["ok"]
-    # a slower or crashed fresh run changes nothing
-    assert bench.adopt_fresh_pick(search, {**fresh, "samples_per_s": 13_000.0})["samples_per_s"] == 14_100.0
-    crashed = bench.adopt_fresh_pick(search, {**fresh, "crash": "RayTaskError: boom"})
-    assert crashed["samples_per_s"] == 14_100.0 and crashed["fresh_pick"]["crash"] == "RayTaskError: boom"
+    # slower or crashed fresh runs change nothing
+    slow = bench.adopt_fresh_runs(search, [(pick[0], {**pick[1], "samples_per_s": 9_000.0})])
+    assert slow["samples_per_s"] == 11_500.0 and slow["final_allocation"] == b and slow["figure_from"] == "search run"
+    crashed = bench.adopt_fresh_runs(search, [(pick[0], {**pick[1], "crash": "RayTaskError: boom"})])
+    assert crashed["samples_per_s"] == 11_500.0 and crashed["fresh_runs"][0]["crash"] == "RayTaskError: boom"
+
+
+def test_only_configurations_measured_above_the_oracle_are_run_fresh(bench):
+    initial = {"allocation": {"read": 1, "parse": 1}, "block_rows": 500}
+
+    def held(policy, sps, alloc):
+        return {"policy": policy, "samples_per_s": sps, "elapsed_s": 100.0, "final_allocation": alloc,
+                "final_block_rows": 8000, "allocations": [[10.0, alloc]], "block_rows_steps": [[5.0, 8000, "probe"]]}
+
+    fast, slow, pick = {"read": 3, "parse": 5}, {"read": 5, "parse": 3}, {"read": 2, "parse": 6}
+    results = {"rl": [held("rl", 17_000.0, fast)], "plumber": [held("plumber", 9_000.0, slow)],
+               "auto": [held("auto", 16_000.0, pick)], "oracle": [held("oracle", 99_999.0, fast)]}
+    got = bench.challengers(results, 13_500.0, 40.0, initial, skip=[{"allocation": pick, "block_rows": 8000}])
+    assert got == [{"allocation": fast, "block_rows": 8000}]  # not plumber's (below), not the pick again
+    assert bench.challengers(results, 20_000.0, 40.0, initial, skip=[]) == []
