@@ -323,43 +323,16 @@ def _pipeline_run(overrides: list[str], seconds: float, workdir: Path, data_cpus
         ray.shutdown()
 
 
-def run_noise(runs_by_config: dict[str, list[float]]) -> dict[str, Any]:
-    """The pooled run-to-run spread of one configuration's samples/s, relative to its mean: the noise of the
-    pipeline oracle.
-
-    ``runs_by_config``: {label: [the mean samples/s of each of its runs]}. Every configuration run at least
-    twice contributes the deviations of its runs about its own mean, as fractions of that mean (the drift
-    scales with throughput: a split pipeline at 150k and a fused one at 500k drift by similar fractions, not
-    by similar samples/s); the pooled variance is their sum of squares over the degrees of freedom,
-    sum(n_i - 1). Why runs and not epochs: the runs are separate child processes minutes apart on a shared
-    machine, and their drift is far wider than the spread of the epochs within one run (run 3 of the demo:
-    ``auto``, running exactly the oracle's configuration, measured 8% higher than the oracle's
-    re-measurement, 551k +- 21k against 511k +- 26k in per-epoch half-widths).
-    Returns {"rel_sd", "df", "configs"} (the labels pooled); rel_sd nan and df 0 when nothing was repeated.
-    """
-    repeated = {label: means for label, means in runs_by_config.items() if len(means) >= 2}
-    squares = sum(sum((x / statistics.fmean(means) - 1.0) ** 2 for x in means) for means in repeated.values())
-    df = sum(len(means) - 1 for means in repeated.values())
-    return {"rel_sd": math.sqrt(squares / df) if df else float("nan"), "df": df, "configs": list(repeated)}
-
-
+run_noise = tuner_bench.run_noise  # the pooled run-to-run spread, shared with the synthetic suite's oracle check
 t95 = tuner_bench.t95  # Student t's 95% quantile, as mean_ci reads it
-
-
-POOLED_NOISE = "pooled run-to-run"
+POOLED_NOISE = tuner_bench.POOLED_NOISE
 WITHIN_RUN_NOISE = "within-run epochs (no repeated runs)"
 
 
 def run_figure(run_means: list[float], noise: dict[str, Any], within_run_ci95: float) -> dict[str, Any]:
-    """One configuration's samples/s over its runs: {"mean", "ci95", "n", "noise"}, the 95% half-width
-    t95(df) x pooled relative sd x mean / sqrt(n) from :func:`run_noise`'s pooled spread. With nothing repeated (df 0) there
-    is no run-to-run estimate: ``within_run_ci95`` (its one run's per-epoch half-width) stands in, and
-    "noise" says so, since that interval is known to be too narrow on a shared machine."""
-    n, mean = len(run_means), statistics.fmean(run_means)
-    if noise["df"] == 0:
-        return {"mean": mean, "ci95": within_run_ci95, "n": n, "noise": WITHIN_RUN_NOISE}
-    return {"mean": mean, "ci95": t95(noise["df"]) * noise["rel_sd"] * mean / math.sqrt(n), "n": n,
-            "noise": POOLED_NOISE}
+    """One configuration's samples/s over its runs (:func:`tuner.run_figure`); with nothing repeated, its one
+    run's per-epoch half-width stands in."""
+    return tuner_bench.run_figure(run_means, noise, within_run_ci95, within_run=WITHIN_RUN_NOISE)
 
 
 def interleave(finalists: list[str], policies: list[str]) -> list[str]:

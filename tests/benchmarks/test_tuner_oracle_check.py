@@ -214,3 +214,55 @@ def test_only_configurations_measured_above_the_oracle_are_run_fresh(bench):
     got = bench.challengers(results, 13_500.0, 40.0, initial, skip=[{"allocation": pick, "block_rows": 8000}])
     assert got == [{"allocation": fast, "block_rows": 8000}]  # not plumber's (below), not the pick again
     assert bench.challengers(results, 20_000.0, 40.0, initial, skip=[]) == []
+
+
+def _run(sps: float, intervals: list[float], **extra) -> dict:
+    return {"samples_per_s": sps, "interval_samples_per_s": intervals, "stalls": 0, "crash": None, **extra}
+
+
+def test_the_run_noise_pools_every_policys_rounds_the_oracles_included(bench):
+    runs = {"rl": [_run(90.0, []), _run(110.0, [])],
+            "plumber": [_run(50.0, []), _run(50.0, [], stalls=1)],  # a stall is a failure, not spread
+            "oracle": [_run(120.0, []), _run(100.0, [])]}
+    noise = bench.suite_run_noise(runs)
+    assert noise["configs"] == ["rl", "oracle"]
+    # rl about 100: +-0.1 twice; the oracle about 110: +-10/110 twice; two degrees of freedom
+    assert noise["df"] == 2 and noise["rel_sd"] == pytest.approx(((2 * 0.1 ** 2 + 2 * (10 / 110) ** 2) / 2) ** 0.5)
+
+
+def test_the_check_allows_for_the_drift_between_runs_once_rounds_repeat(bench):
+    # within each run the intervals are tight (+-1%), but the runs drift by 10%: rl's 8% lead is noise
+    tight = [99.0, 100.0, 101.0, 100.0, 99.0, 101.0, 100.0, 100.0]
+    runs = {"rl": [_run(108.0 * 0.9, [x * 0.972 for x in tight]), _run(108.0 * 1.1, [x * 1.188 for x in tight])],
+            "oracle": [_run(90.0, [x * 0.9 for x in tight]), _run(110.0, [x * 1.1 for x in tight])]}
+    first_round = {p: bench.mean_ci(rs[0]["interval_samples_per_s"]) for p, rs in runs.items()}
+    assert not bench.oracle_check(first_round)["ok"]  # judged on one run's intervals, rl "beats" the oracle
+    noise = bench.suite_run_noise(runs)
+    figs = {p: bench.run_figure([r["samples_per_s"] for r in rs], noise, 1.0) for p, rs in runs.items()}
+    assert figs["rl"]["noise"] == bench.POOLED_NOISE
+    assert bench.oracle_check(figs)["ok"]
+    # ... but a lead far beyond the drift still fails the run
+    far = {**runs, "rl": [_run(200.0, []), _run(210.0, [])]}
+    noise = bench.suite_run_noise(far)
+    figs = {p: bench.run_figure([r["samples_per_s"] for r in rs], noise, 1.0) for p, rs in far.items()}
+    assert [v["policy"] for v in bench.oracle_check(figs)["violations"]] == ["rl"]
+
+
+def test_a_two_round_summary_checks_the_oracle_over_runs_and_says_which_noise(bench, capsys):
+    from pathlib import Path
+
+    pipe = bench.load_pipeline(Path(bench.ROOT) / "benchmarks/pipelines/per_task_overhead.yaml")
+    alloc = {op.name: op.concurrency for op in pipe.operators}
+
+    def run(sps: float) -> dict:
+        return {**_run(sps, [sps * 0.99, sps * 1.01] * 4), "seconds_to_95pct": 30.0, "peak_object_store_bytes": 0,
+                "final_allocation": alloc, "moves": []}
+    suite = {"runs": {"rl": [run(15_300.0), run(18_700.0)], "oracle": [run(14_000.0), run(16_000.0)]},
+             "shift_runs": {}, "ceiling_runs": []}
+    s = bench.summarise(pipe, suite, ["rl", "oracle"])
+    assert s["run_noise"]["df"] == 2 and s["run_ci"]["rl"]["mean"] == pytest.approx(17_000.0)
+    assert s["oracle_check"]["ok"] and s["oracle_check"]["noise"] == bench.POOLED_NOISE
+    one_round = bench.summarise(pipe, {**suite, "runs": {p: rs[1:] for p, rs in suite["runs"].items()}}, ["rl", "oracle"])
+    assert not one_round["oracle_check"]["ok"]  # 18,700 vs 16,000 on +-1% intervals alone
+    bench.print_table("local", s, ["rl", "oracle"])
+    assert "pooled run-to-run spread" in capsys.readouterr().out
