@@ -88,6 +88,7 @@ benchmark pipeline (``--run-s`` each). It replaces the policy comparison in that
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -396,6 +397,18 @@ def oracle_shortlist(pipe: PipelineDef, k: int) -> list[dict]:
     return every[:k]
 
 
+_RUN_IDS = itertools.count()
+
+
+def run_tuner_id(tag: str, policy: str) -> str:
+    """A tuner id no other run of this process has used. A tuner id's controller lives for the process
+    (kept across epochs) and keeps the spec it was made with, so a run that reused one was steered by an
+    earlier run's controller: the oracle's fresh runs of one round shared a tag, and every one after the
+    first ran the first one's configuration (run 14: 13,140 and 12,960 for four different configurations,
+    where one of them measured 16,200 alone)."""
+    return f"{tag}-{policy}-{next(_RUN_IDS)}"
+
+
 def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | None, plot_dir: Path | None,
             oracle_k: int, tag: str, steady_s: float | None = None, cost_scale: float | None = None,
             policy_path: str | None = None, must_beat: list[dict] | None = None) -> dict:
@@ -430,10 +443,8 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
     ds = build_dataset(pipe, blocks, strategies, control_file=control,
                        block_rows_file=block_rows.control_file if block_rows else None)
     ds.context.execution_options.resource_limits = ds.context.execution_options.resource_limits.copy(cpu=budget)
-    # A tuner id's controller lives for the process (kept across epochs): tags name the pipeline, or
-    # the suite's second pipeline would be steered by the first one's controller.
     handle = tuner_api.attach(cfg, None, ds.context, budget, operators=specs, options=options,
-                              tuner_id=f"{tag}-{policy}", block_rows=block_rows)
+                              tuner_id=run_tuner_id(tag, policy), block_rows=block_rows)
     t0 = time.time()
     stamps: list[float] = []
     counts: list[int] = []

@@ -266,3 +266,10 @@ def test_a_two_round_summary_checks_the_oracle_over_runs_and_says_which_noise(be
     assert not one_round["oracle_check"]["ok"]  # 18,700 vs 16,000 on +-1% intervals alone
     bench.print_table("local", s, ["rl", "oracle"])
     assert "pooled run-to-run spread" in capsys.readouterr().out
+
+
+def test_every_run_gets_its_own_tuner_controller(bench):
+    # a reused tuner id reuses its controller and the spec it was made with (the oracle's fresh runs of a
+    # round all ran the first one's configuration)
+    ids = [bench.run_tuner_id("per_task_overhead-local0-fresh", "static") for _ in range(3)]
+    assert len(set(ids)) == 3 and all(i.startswith("per_task_overhead-local0-fresh-static-") for i in ids)

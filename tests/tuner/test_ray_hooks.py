@@ -240,3 +240,21 @@ def test_slots_held_under_output_backpressure_are_not_counted_as_working(monkeyp
     binding.sample()  # 2 s waiting for its outputs to be read
     assert binding.slot_seconds["read"] == pytest.approx(4.0)
     assert binding.throttled_seconds["read"] == pytest.approx(8.0)
+
+
+def test_a_different_pipeline_reusing_a_tuner_id_is_warned_about(caplog):
+    from dlrm_platform.tuner.spec import OpSpec, TunerSpec
+
+    def spec(parse: int) -> TunerSpec:
+        ops = [OpSpec("read", 1.0, initial=2), OpSpec("parse", 1.0, initial=parse)]
+        return TunerSpec("reused-id-test", "static", 8.0, ops)
+
+    try:
+        first = ray_hooks.controller_for(spec(3))
+        with caplog.at_level("WARNING", logger=ray_hooks.__name__):
+            assert ray_hooks.controller_for(spec(3)) is first  # the next epoch: same pipeline, kept
+            assert not caplog.records
+            assert ray_hooks.controller_for(spec(5)) is first
+        assert "reused-id-test" in caplog.text and "its own tuner id" in caplog.text
+    finally:
+        ray_hooks._CONTROLLERS.pop("reused-id-test", None)

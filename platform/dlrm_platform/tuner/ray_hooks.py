@@ -241,7 +241,17 @@ def controller_for(spec: TunerSpec) -> Controller:
         if ctl is None:
             ctl = Controller(spec)
             _CONTROLLERS[spec.tuner_id] = ctl
+        elif _steered_differently(ctl.spec, spec):
+            # the controller keeps its first spec: a different pipeline under the same id is steered as the
+            # first one was (the tuner benchmark's fresh runs once all ran the first run's allocation)
+            log.warning("tuner %s: a pipeline with different operators, budget or policy reuses this tuner id;"
+                        " it is steered by the controller made for the first one. Give each pipeline its own"
+                        " tuner id.", spec.tuner_id)
         return ctl
+
+
+def _steered_differently(old: TunerSpec, new: TunerSpec) -> bool:
+    return (old.policy, old.cpu_budget, old.ops, old.block_rows) != (new.policy, new.cpu_budget, new.ops, new.block_rows)
 
 
 def local_controller(tuner_id: str) -> Controller | None:
