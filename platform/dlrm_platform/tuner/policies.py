@@ -706,6 +706,7 @@ class RLPolicy(Policy):
 
         self.runner = RLPolicyRunner.load(spec.policy_path)
         self.fs = FeatureState(spec.names)
+        self.fs.scaling = self._scaling_memory()
         self.last_action = "hold"
         # operators moved by the last action whose new allocation has not been measured yet
         self.awaiting: set[str] = set()
@@ -732,8 +733,12 @@ class RLPolicy(Policy):
         self.unjudged = False
         self.fs.moves.new_execution()
 
+    def _scaling_memory(self) -> ScalingMemory:
+        return ScalingMemory(self.spec.names, noise_k=float(self.opts.get("rl_scaling_noise_k",
+                                                                          self.runner.scaling_noise_k)))
+
     def on_block_rows_change(self) -> None:
-        self.fs.scaling = ScalingMemory(self.spec.names)
+        self.fs.scaling = self._scaling_memory()
         self.fs.moves.new_execution()
         self.fs.reset_best()
         self.rates = _RateMemory()

@@ -47,6 +47,12 @@ _RUNNERS: dict[str, RLPolicyRunner] = {}
 class RLPolicyRunner:
     #: a move of a slot must be predicted to speed up the bottleneck by this much
     shield_min_gain = 0.02
+    #: and by this many times the bottleneck's measured noise (``ScalingMemory.noise``), up to
+    #: ``shield_max_gain``: the linear model's prediction rests on the measured rates, and near a
+    #: balanced allocation their noise alone predicts gains (live, ~2 s tasks at 8,000-row blocks: the
+    #: simulator at that noise left 3/5/8/5/3, the optimum, for 2/5/10/5/2 and wandered on)
+    shield_noise_k: float = 1.5
+    shield_max_gain: float = 0.25
     #: at most this many slots for one operator per move (1: one slot per move; actions.grow_while_it_pays)
     max_repeat = 4
     #: a hold of the net's is overridden when a "+1" the shield allows is predicted to gain this much
@@ -55,6 +61,9 @@ class RLPolicyRunner:
     #: past the slots from which more were measured not to pay, and back to fewer slots where those
     #: measured faster by this margin (None: the linear model alone)
     scaling_margin: float | None = 0.10
+    #: and by this many times the operator's own measured noise where that is more, comparing only the
+    #: count it runs at now (``ScalingMemory.noise_k``; 0: the margin alone, any visit's figure)
+    scaling_noise_k: float = 3.0
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
 
@@ -133,7 +142,8 @@ class RLPolicyRunner:
                 limits[s.name] = min(limits.get(s.name, lim), lim)
         # the net sees the plain mask (as in training); the shield only vetoes its choice
         memory_bound = obs.at_memory_limit  # "+1" only from upstream slots (actions.py)
-        allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, self.shield_min_gain, memory_bound)
+        min_gain = self.required_gain(obs, fs)
+        allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, min_gain, memory_bound)
         for k, s in enumerate(specs[:K_MAX]):
             if s.name in limits and alloc[s.name] >= limits[s.name]:
                 allowed[1 + k] = False  # measured: more slots did not pay
@@ -149,7 +159,8 @@ class RLPolicyRunner:
             # operator: take the one the net likes best among those (its hold was a mistake).
             grow = np.zeros_like(allowed)
             grow[1:1 + K_MAX] = allowed[1:1 + K_MAX]
-            strong = grow & ~vetoed_actions(grow, alloc, specs, budget, caps, self.hold_override_gain, memory_bound)
+            strong = grow & ~vetoed_actions(grow, alloc, specs, budget, caps, max(self.hold_override_gain, min_gain),
+                                            memory_bound)
             if strong.any():
                 a = self.choose(vec, strong)
                 self.stats["overridden"] += 1
@@ -162,6 +173,12 @@ class RLPolicyRunner:
         fs.tick()
         fs.note_action(alloc, new)
         return (new if new != alloc else None), describe_action(a, [s.name for s in specs])
+
+    def required_gain(self, obs: Observation, fs: FeatureState) -> float:
+        """The predicted speed-up of the bottleneck a "+1" must clear: ``shield_min_gain``, or
+        ``shield_noise_k`` times the bottleneck's measured noise (at most ``shield_max_gain``)."""
+        noise = fs.scaling.noise.get(obs.bottleneck() or "", 0.0)
+        return max(self.shield_min_gain, min(self.shield_noise_k * noise, self.shield_max_gain))
 
     def _move_back(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                    fs: FeatureState) -> tuple[Allocation, str] | None:
@@ -189,7 +206,7 @@ class RLPolicyRunner:
         else:
             name = obs.bottleneck()
             spec = next((s for s in specs if s.name == name), None)
-            k = fs.scaling.probe_fewer(name, alloc[name]) if spec is not None else None
+            k = fs.scaling.probe_fewer(name, alloc[name], margin=self.scaling_margin) if spec is not None else None
             if k is None or k < spec.min_slots:
                 return None
             why = "more slots measured slower: probing fewer"

@@ -19,6 +19,13 @@ model gets wrong there:
 A cost shift changes an operator's whole curve: a new measurement at a slot count
 that differs from the remembered one by more than ``shift_tolerance`` forgets the
 operator's curve, and every point expires after ``horizon`` steps.
+
+Live, an operator's capacity is noisy where few of its tasks finish inside a window
+(8,000-row blocks, ~2 s tasks: the parse of ``per_task_overhead`` read 9,059 at 4 slots
+and 7,887 at 5 in one run). :meth:`better` and :meth:`probe_fewer` therefore compare the
+count an operator runs at only while it is measured steady there now (not a figure from
+an earlier visit), and ask for a difference of ``noise_k`` times the operator's own
+measured noise at least (``noise``: how far a steady measurement strays from its point).
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from collections.abc import Mapping, Sequence
 
 class ScalingMemory:
     def __init__(self, names: Sequence[str], horizon: int = 30, shift_tolerance: float = 0.3,
-                 share_of_linear_gain: float = 0.25, now_measurements: int = 3, drop: float = 0.1):
+                 share_of_linear_gain: float = 0.25, now_measurements: int = 3, drop: float = 0.1,
+                 noise_k: float = 0.0, noise_alpha: float = 0.2):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements)
         self.curves: dict[str, dict[int, tuple[float, int, int]]] = {n: {} for n in names}
         self.horizon = horizon
@@ -40,6 +48,11 @@ class ScalingMemory:
         self.now_measurements = now_measurements
         #: a larger count measured fewer times than that must have measured this much less
         self.drop = drop
+        #: better/probe_fewer ask for a difference of this many times an operator's noise (0: the margin only)
+        self.noise_k = noise_k
+        self.noise_alpha = noise_alpha
+        #: operator -> smoothed relative deviation of a steady measurement from its point's figure
+        self.noise: dict[str, float] = {}
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None]) -> None:
@@ -58,7 +71,14 @@ class ScalingMemory:
             seen = curve.get(k)
             if seen is not None and abs(cap / seen[0] - 1.0) > self.shift_tolerance:
                 curve.clear()  # its cost changed: the rest of its curve is stale too
+                self.noise.pop(name, None)  # and the deviations on the way there were no noise
                 seen = None
+            if seen is not None and seen[0] > 0:
+                dev = abs(cap / seen[0] - 1.0)
+                old = self.noise.get(name)
+                if old is not None:  # one stray window (a cost shift under way) moves it by a bounded step
+                    dev = min(dev, 2.0 * old + 0.02)
+                self.noise[name] = dev if old is None else (1 - self.noise_alpha) * old + self.noise_alpha * dev
             curve[k] = (cap, self.step, 1) if seen is None else (0.5 * (seen[0] + cap), self.step, seen[2] + 1)
 
     def forget_above(self, name: str, k: int) -> None:
@@ -75,6 +95,16 @@ class ScalingMemory:
         """``k`` measured ``now_measurements`` times: the count an operator runs at is measured again
         every window, so it is compared only once its figure is steadier."""
         return self.curves.get(name, {}).get(k, (0.0, 0, 0))[2] >= self.now_measurements
+
+    def measured_now(self, name: str, k: int) -> bool:
+        """``name`` measured steady at ``k`` slots by the latest :meth:`record` (this visit, not a stale one)."""
+        point = self.curves.get(name, {}).get(k)
+        return point is not None and point[1] == self.step
+
+    def margin(self, name: str, margin: float) -> float:
+        """The relative difference two of ``name``'s points must show to count: ``margin``, or
+        ``noise_k`` times its measured noise where that is more."""
+        return max(margin, self.noise_k * self.noise.get(name, 0.0))
 
     def limit(self, name: str) -> int | None:
         """The slots ``k`` of ``name`` from which the next larger count measured did not pay (the
@@ -94,20 +124,23 @@ class ScalingMemory:
 
     def better(self, name: str, now: int, margin: float) -> int | None:
         """The slot count that measured the most capacity, if it beat the capacity at ``now`` by more
-        than ``margin`` (None otherwise, or while ``now`` is not measured)."""
-        if not self._measured_often(name, now):
+        than ``margin`` (or than its noise, :meth:`margin`); None otherwise, or while ``now`` is not
+        measured often, and steady now."""
+        if not self._measured_often(name, now) or (self.noise_k > 0 and not self.measured_now(name, now)):
             return None
         curve = self.settled(name)
         best = max(curve, key=curve.get)
-        return best if curve[best] > curve[now] * (1.0 + margin) else None
+        return best if curve[best] > curve[now] * (1.0 + self.margin(name, margin)) else None
 
-    def probe_fewer(self, name: str, now: int, share: float = 0.7) -> int | None:
-        """Where more slots than ``now`` measured *less* capacity (its tasks slow each other down) and
-        nothing between ``share * now`` and ``now`` is measured: that many slots, to find the peak."""
-        if not self._measured_often(name, now):
+    def probe_fewer(self, name: str, now: int, share: float = 0.7, margin: float = 0.0) -> int | None:
+        """Where more slots than ``now`` measured *less* capacity (its tasks slow each other down; by
+        more than ``margin`` or its noise, :meth:`margin`) and nothing between ``share * now`` and
+        ``now`` is measured: that many slots, to find the peak."""
+        if not self._measured_often(name, now) or (self.noise_k > 0 and not self.measured_now(name, now)):
             return None
         curve = self.settled(name)
-        if not any(k2 > now and curve[k2] < curve[now] for k2 in curve):
+        floor = 1.0 - self.margin(name, margin) if self.noise_k > 0 else 1.0
+        if not any(k2 > now and curve[k2] < curve[now] * floor for k2 in curve):
             return None
         target = max(1, math.ceil(now * share))
         if target >= now or any(target <= k < now for k in curve):
