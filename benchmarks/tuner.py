@@ -100,6 +100,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "platform"))
@@ -1098,6 +1099,17 @@ def print_suite(summary: dict) -> None:
                                                   f"{m:.3f} ({'met' if t['met'] else 'NOT met'}{reach})"))
 
 
+def parse_rl_options(items: list[str]) -> dict:
+    """``--rl-option KEY=VALUE`` items as rl policy options (each value parsed as YAML)."""
+    out: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--rl-option {item!r}: expected KEY=VALUE, e.g. rl_judge_warmup_s=10")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pipeline", default=str(ROOT / "benchmarks/pipelines/dlrm_preprocessing.yaml"))
@@ -1131,6 +1143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rl-judge-moves", action="store_true",
                     help="rl judges its moves by the throughput they delivered (policy option rl_judge_moves; "
                          "off by default: see tuner/README.md, End-to-end judgement)")
+    ap.add_argument("--rl-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a policy option for rl (repeatable; the value parsed as YAML), e.g. rl_judge_warmup_s=10")
     ap.add_argument("--suite", action="store_true",
                     help="every pipeline under benchmarks/pipelines/ (instead of --pipeline), then rl's ratios to"
                     " each baseline per pipeline and their geometric means, against the targets")
@@ -1155,6 +1169,10 @@ def main(argv=None) -> int:
     ORACLE_SHORTLIST = args.oracle_shortlist
     if args.rl_judge_moves:
         RL_OPTIONS["rl_judge_moves"] = True
+    try:
+        RL_OPTIONS.update(parse_rl_options(args.rl_option))
+    except ValueError as e:
+        ap.error(str(e))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     pipe = load_pipeline(args.pipeline)
     kinds = ["local", "multinode"] if args.cluster == "both" else [args.cluster]

@@ -273,3 +273,10 @@ def test_every_run_gets_its_own_tuner_controller(bench):
     # round all ran the first one's configuration)
     ids = [bench.run_tuner_id("per_task_overhead-local0-fresh", "static") for _ in range(3)]
     assert len(set(ids)) == 3 and all(i.startswith("per_task_overhead-local0-fresh-static-") for i in ids)
+
+
+def test_rl_options_from_the_command_line_are_typed_and_a_malformed_one_is_named(bench):
+    assert bench.parse_rl_options(["rl_judge_moves=true", "rl_judge_warmup_s=10"]) == {
+        "rl_judge_moves": True, "rl_judge_warmup_s": 10}
+    with pytest.raises(ValueError, match="'rl_judge_warmup_s': expected KEY=VALUE"):
+        bench.parse_rl_options(["rl_judge_warmup_s"])

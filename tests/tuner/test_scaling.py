@@ -384,6 +384,21 @@ def _noisy_contended() -> SimPipeline:
     return pipe
 
 
+def test_rl_judgement_warm_up_is_a_policy_option_and_nothing_is_measured_inside_it():
+    from dlrm_platform.tuner.policies import make_policy
+
+    specs = _noisy_contended().specs({"read": 1, "lookup": 3, "pack": 1})
+    default = make_policy(TunerSpec("warmup-default", "rl", 24.0, specs, options={"rl_judge_moves": True}))
+    short = make_policy(TunerSpec("warmup-10", "rl", 24.0, specs,
+                                  options={"rl_judge_moves": True, "rl_judge_warmup_s": 10}))
+    assert default.fs.moves.warmup_s == 20.0 and short.fs.moves.warmup_s == 10.0
+    alloc = {"read": 1, "lookup": 3, "pack": 1}
+    for t in range(0, 16):  # delivering from t=0, unchanged since: measured only from 10 s (+1 s settle)
+        short.fs.moves.record(float(t), alloc, 5000.0, 1.0, since_change_s=float(t) + 30.0)
+        default.fs.moves.record(float(t), alloc, 5000.0, 1.0, since_change_s=float(t) + 30.0)
+    assert short.fs.moves.ready(alloc) and not default.fs.moves.ready(alloc)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_rl_judges_its_moves_by_what_they_delivered_where_counters_are_too_noisy(seed):
     _, optimum = _noisy_contended().optimum()

@@ -720,6 +720,7 @@ class RLPolicy(Policy):
         self.judge_moves = bool(self.opts.get("rl_judge_moves", False))
         self.noisy_rate = float(self.opts.get("rl_noisy_rate", 0.3))
         self.fs.moves.settle_s = float(self.opts.get("settle_s", 1.0))
+        self.fs.moves.warmup_s = float(self.opts.get("rl_judge_warmup_s", self.fs.moves.warmup_s))
         self.rates = _RateMemory()  # for the noise of each operator's measured rate
         self.rate_noise: dict[str, float] = {}  # its recent peak (the estimate swings with the noise)
         # a move (one that grew a noisy operator, or a judged move) whose delivered throughput is to be
