@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from dlrm_platform.tuner.features import FeatureState
 from dlrm_platform.tuner.rl import RLPolicyRunner
 from dlrm_platform.tuner.scaling import AllocationThroughput, ScalingMemory
 from dlrm_platform.tuner.simulator import SimOp, SimPipeline, from_profile, run_controller_in_sim
@@ -65,6 +66,46 @@ def test_a_cost_shift_forgets_the_operators_curve():
     assert mem.limit("a") == 4
     mem.record({"a": 8}, {"a": 2000.0})  # its cost doubled: what it measured before is stale
     assert mem.limit("a") is None and list(mem.curves["a"]) == [8]
+
+
+def test_with_shift_rescales_a_shift_keeps_the_counts_above_rescaled_and_forgets_those_below():
+    """A noisy operator's stray window reads as a cost shift; forgetting the whole curve erased "more
+    slots did not pay" (live, the contended lookup then grew past its peak again). Rescaled, the counts
+    above still say so; the counts below are forgotten (a lucky figure there draws moves back), and so is
+    any count measured since the shifted one (maybe across the shift)."""
+    mem = ScalingMemory(["a"], shift_rescales=True)
+    _measure(mem, "a", 3, 4000.0)
+    _measure(mem, "a", 7, 5800.0)  # past the peak
+    _measure(mem, "a", 5, 6000.0)
+    assert mem.limit("a") == 5
+    mem.record({"a": 5}, {"a": 9000.0})  # +50% at 5 slots: a stray window, or its cost fell by a third
+    assert mem.settled("a") == pytest.approx({5: 9000.0, 7: 8700.0})
+    assert mem.limit("a") == 5  # the evidence above stands, in the new units
+    assert mem.noise["a"] > 0  # the deviation counted as noise, not dropped
+    _measure(mem, "a", 7, 8500.0)  # measured since: maybe across a shift, neither scale fits it
+    mem.record({"a": 5}, {"a": 5000.0})
+    assert mem.settled("a") == {5: 5000.0}
+    forgetful = ScalingMemory(["a"])
+    _measure(forgetful, "a", 5, 6000.0)
+    _measure(forgetful, "a", 7, 5800.0)
+    forgetful.record({"a": 5}, {"a": 9000.0})
+    assert forgetful.limit("a") is None and list(forgetful.curves["a"]) == [5]
+
+
+def test_a_step_that_looks_unpaid_is_judged_on_more_measurements_before_growing_again():
+    mem = ScalingMemory(["a"])
+    _measure(mem, "a", 6, 6300.0)
+    mem.record({"a": 7}, {"a": 6400.0})  # +1.6% for +17% slots: under a quarter of the linear gain
+    assert not mem.step_looks_paid("a", 7) and not mem.measured_often("a", 7)
+    mem.record({"a": 8}, {"a": 8000.0})
+    assert mem.step_looks_paid("a", 8)  # +25% over 7
+    assert mem.step_looks_paid("a", 6)  # nothing below: nothing to judge
+    runner = RLPolicyRunner.load()
+    fs = FeatureState(["a"])
+    fs.scaling = mem
+    assert not runner._measured_enough(fs, "a", 7) and runner._measured_enough(fs, "a", 8)
+    _measure(mem, "a", 7, 6000.0, times=2)  # now measured often: limit() judges the step (it did not pay)
+    assert runner._measured_enough(fs, "a", 7) and mem.limit("a") == 6
 
 
 def test_noise_is_how_far_steady_measurements_stray_and_a_shift_resets_it():
@@ -234,33 +275,50 @@ def test_rl_asks_a_move_for_more_gain_where_the_bottleneck_measures_noisily():
     assert runner.required_gain(obs, fs) == runner.shield_max_gain
 
 
-def test_rl_holds_the_optimum_of_a_pipeline_whose_operator_counters_are_noisy(monkeypatch):
-    """per_task_overhead at 8,000-row blocks (~2 s tasks): few completions per window make each
-    operator's measured capacity noisy. Acting on that noise, rl left the optimum for allocations the
-    noise predicted better (and probed its bottleneck below it); sized by the measured noise it holds."""
+def _rl_share_with_noisy_counters(pipeline: str, op_noise: float, seeds: int, block_rows: float | None = None) -> float:
+    """rl's mean share of the optimum (last 40 of 100 s) on a suite pipeline in the simulator whose
+    operator counters are ``op_noise`` noisy, over ``seeds`` seeds."""
     from pathlib import Path
 
     from dlrm_platform.tuner.sleep_pipelines import load_pipeline
 
-    pipe = load_pipeline(Path(__file__).parents[2] / "benchmarks" / "pipelines" / "per_task_overhead.yaml")
+    pipe = load_pipeline(Path(__file__).parents[2] / "benchmarks" / "pipelines" / f"{pipeline}.yaml")
+    shares = []
+    for seed in range(seeds):
+        sim = from_profile(pipe.ground_truth())
+        sim.op_noise = op_noise
+        if block_rows is not None:
+            sim.block_rows = block_rows
+        _, optimum = sim.optimum()
+        trace = run_controller_in_sim(sim, TunerSpec(f"noisy-{seed}", "rl", sim.budget, pipe.op_specs()),
+                                      steps=100, seed=seed)
+        shares.append(float(np.mean([x["throughput"] for x in trace[-40:]])) / optimum)
+    return float(np.mean(shares))
 
-    def mean_share() -> float:
-        shares = []
-        for seed in range(6):
-            sim = from_profile(pipe.ground_truth())
-            sim.op_noise, sim.block_rows = 0.4, 8000.0
-            _, optimum = sim.optimum()
-            trace = run_controller_in_sim(sim, TunerSpec(f"noisy-{seed}", "rl", sim.budget, pipe.op_specs()),
-                                          steps=100, seed=seed)
-            shares.append(float(np.mean([x["throughput"] for x in trace[-40:]])) / optimum)
-        return float(np.mean(shares))
 
-    sized = mean_share()
+def test_rl_holds_the_optimum_of_a_pipeline_whose_operator_counters_are_noisy(monkeypatch):
+    """per_task_overhead at 8,000-row blocks (~2 s tasks): few completions per window make each
+    operator's measured capacity noisy. Acting on that noise, rl left the optimum for allocations the
+    noise predicted better (and probed its bottleneck below it); sized by the measured noise it holds."""
+    sized = _rl_share_with_noisy_counters("per_task_overhead", 0.4, 6, block_rows=8000.0)
     monkeypatch.setattr(RLPolicyRunner, "scaling_noise_k", 0.0)
     monkeypatch.setattr(RLPolicyRunner, "shield_noise_k", 0.0)
-    unsized = mean_share()
+    unsized = _rl_share_with_noisy_counters("per_task_overhead", 0.4, 6, block_rows=8000.0)
     assert sized >= 0.92, (sized, unsized)
     assert sized > unsized + 0.03, (sized, unsized)
+
+
+def test_rl_keeps_the_contended_lookup_near_its_peak_where_operator_counters_are_noisy(monkeypatch):
+    """contended_lookup with operator counters noisy (sigma 0.4 per second): stray windows read as cost
+    shifts forgot the lookup's curve, and steps up were grown again before measured; rl crept the lookup
+    past its peak (to 11-17 slots). With the curve rescaled and unpaid-looking steps measured often, it
+    stays near the peak."""
+    kept = _rl_share_with_noisy_counters("contended_lookup", 0.4, 8)
+    monkeypatch.setattr(RLPolicyRunner, "shift_rescales", False)
+    monkeypatch.setattr(RLPolicyRunner, "grow_measured_often", False)
+    forgot = _rl_share_with_noisy_counters("contended_lookup", 0.4, 8)
+    assert kept >= 0.88, (kept, forgot)
+    assert kept > forgot + 0.05, (kept, forgot)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -399,14 +457,16 @@ def test_rl_judgement_warm_up_is_a_policy_option_and_nothing_is_measured_inside_
     assert short.fs.moves.ready(alloc) and not default.fs.moves.ready(alloc)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_rl_judges_its_moves_by_what_they_delivered_where_counters_are_too_noisy(seed):
+def test_rl_judges_its_moves_by_what_they_delivered_where_counters_are_too_noisy():
     _, optimum = _noisy_contended().optimum()
-    share = {}
-    for judge in (False, True):
-        spec = TunerSpec(f"judge-{judge}-{seed}", "rl", 24.0, _noisy_contended().specs({"read": 1, "lookup": 3, "pack": 1}),
-                         options={"rl_judge_moves": judge})
-        trace = run_controller_in_sim(_noisy_contended(), spec, steps=160, seed=seed)
-        share[judge] = float(np.mean([x["throughput"] for x in trace[-80:]])) / optimum
-    assert share[False] < 0.6, share  # its own counters say "more lookup slots": past the peak
-    assert share[True] >= 0.85, share
+    share: dict[bool, list[float]] = {False: [], True: []}
+    for seed in range(4):
+        for judge in (False, True):
+            spec = TunerSpec(f"judge-{judge}-{seed}", "rl", 24.0, _noisy_contended().specs({"read": 1, "lookup": 3, "pack": 1}),
+                             options={"rl_judge_moves": judge})
+            trace = run_controller_in_sim(_noisy_contended(), spec, steps=160, seed=seed)
+            share[judge].append(float(np.mean([x["throughput"] for x in trace[-80:]])) / optimum)
+    # its own counters (sigma 0.8) still say "more lookup slots" often enough to leave it past the peak
+    # on some seeds; judged by what each move delivered, it stays near the peak on every one
+    assert min(share[True]) >= 0.85, share
+    assert np.mean(share[True]) > np.mean(share[False]) + 0.1, share

@@ -735,8 +735,13 @@ class RLPolicy(Policy):
         self.fs.moves.new_execution()
 
     def _scaling_memory(self) -> ScalingMemory:
+        # Under end-to-end judgement a noisy operator's curve is forgotten on a stray window, as before:
+        # kept (rescaled), it held rl at a count the judgement then had nothing to compare with (the
+        # noisy contended lookup in the simulator: 0.94 of the optimum forgetting, 0.80 rescaling).
+        rescale = self.runner.shift_rescales and not self.opts.get("rl_judge_moves", False)
         return ScalingMemory(self.spec.names, noise_k=float(self.opts.get("rl_scaling_noise_k",
-                                                                          self.runner.scaling_noise_k)))
+                                                                          self.runner.scaling_noise_k)),
+                             shift_rescales=rescale)
 
     def on_block_rows_change(self) -> None:
         self.fs.scaling = self._scaling_memory()

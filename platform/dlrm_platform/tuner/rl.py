@@ -64,6 +64,12 @@ class RLPolicyRunner:
     #: and by this many times the operator's own measured noise where that is more, comparing only the
     #: count it runs at now (``ScalingMemory.noise_k``; 0: the margin alone, any visit's figure)
     scaling_noise_k: float = 3.0
+    #: where the step that led to an operator's slots does not look to have paid, grow it again only once
+    #: measured there often enough for ``limit`` to judge that step (live, contended_lookup: 6 -> 7 -> 8
+    #: -> 10 -> 13 lookup slots, each grown again after one window at the last, before any could say no)
+    grow_measured_often: bool = True
+    #: a cost shift rescales an operator's measured curve rather than forgetting it (``ScalingMemory``)
+    shift_rescales: bool = True
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
 
@@ -147,7 +153,7 @@ class RLPolicyRunner:
         for k, s in enumerate(specs[:K_MAX]):
             if s.name in limits and alloc[s.name] >= limits[s.name]:
                 allowed[1 + k] = False  # measured: more slots did not pay
-            elif self.scaling_margin is not None and alloc[s.name] not in fs.scaling.curves.get(s.name, {}):
+            elif self.scaling_margin is not None and not self._measured_enough(fs, s.name, alloc[s.name]):
                 allowed[1 + k] = False  # not measured steady at its slots yet: grown once that says it paid
         a = self.choose(vec, allowed)
         own = a if (allowed == mask).all() else self.choose(vec, mask)  # what it wanted, unshielded
@@ -173,6 +179,15 @@ class RLPolicyRunner:
         fs.tick()
         fs.note_action(alloc, new)
         return (new if new != alloc else None), describe_action(a, [s.name for s in specs])
+
+    def _measured_enough(self, fs: FeatureState, name: str, k: int) -> bool:
+        """``name`` measured steady at ``k`` slots enough to be grown again: once, where the step up to
+        ``k`` looks to have paid (or ``grow_measured_often`` is off); otherwise often enough for
+        ``ScalingMemory.limit`` to judge that step."""
+        if k not in fs.scaling.curves.get(name, {}):
+            return False
+        return (not self.grow_measured_often or fs.scaling.step_looks_paid(name, k)
+                or fs.scaling.measured_often(name, k))
 
     def required_gain(self, obs: Observation, fs: FeatureState) -> float:
         """The predicted speed-up of the bottleneck a "+1" must clear: ``shield_min_gain``, or

@@ -37,7 +37,8 @@ from collections.abc import Mapping, Sequence
 class ScalingMemory:
     def __init__(self, names: Sequence[str], horizon: int = 30, shift_tolerance: float = 0.3,
                  share_of_linear_gain: float = 0.25, now_measurements: int = 3, drop: float = 0.1,
-                 noise_k: float = 0.0, noise_alpha: float = 0.2):
+                 noise_k: float = 0.0, noise_alpha: float = 0.2,
+                 shift_rescales: bool = False):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements)
         self.curves: dict[str, dict[int, tuple[float, int, int]]] = {n: {} for n in names}
         self.horizon = horizon
@@ -53,6 +54,8 @@ class ScalingMemory:
         self.noise_alpha = noise_alpha
         #: operator -> smoothed relative deviation of a steady measurement from its point's figure
         self.noise: dict[str, float] = {}
+        #: a cost shift rescales the operator's points above the shifted one by its ratio (False: forgets all)
+        self.shift_rescales = shift_rescales
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None]) -> None:
@@ -69,17 +72,38 @@ class ScalingMemory:
             for old in [j for j, (_, t, _) in curve.items() if self.step - t > self.horizon]:
                 del curve[old]
             seen = curve.get(k)
-            if seen is not None and abs(cap / seen[0] - 1.0) > self.shift_tolerance:
-                curve.clear()  # its cost changed: the rest of its curve is stale too
-                self.noise.pop(name, None)  # and the deviations on the way there were no noise
-                seen = None
-            if seen is not None and seen[0] > 0:
-                dev = abs(cap / seen[0] - 1.0)
-                old = self.noise.get(name)
-                if old is not None:  # one stray window (a cost shift under way) moves it by a bounded step
-                    dev = min(dev, 2.0 * old + 0.02)
-                self.noise[name] = dev if old is None else (1 - self.noise_alpha) * old + self.noise_alpha * dev
+            dev = abs(cap / seen[0] - 1.0) if seen is not None and seen[0] > 0 else None
+            if dev is not None and dev > self.shift_tolerance:
+                if self.shift_rescales:
+                    # Its cost changed, and so did its capacity at the counts above, by the same factor (a
+                    # cost per row scales every count alike): rescaled, they still say whether more slots
+                    # pay. Forgetting them let one stray window of a noisy operator erase "more slots did
+                    # not pay", and the linear model grew the contended lookup past its peak again. The
+                    # counts below are forgotten: a lucky figure there would keep drawing a move back.
+                    # A count measured after the shifted one last was may have been measured across the
+                    # shift (an operator's window outlasts a tick): forgotten too.
+                    # The deviation counts as noise (bounded): a false shift is a noisy window.
+                    ratio = cap / seen[0]
+                    for j, (v, t, n) in list(curve.items()):
+                        if j > k and t <= seen[1]:  # measured before the shifted point last was
+                            curve[j] = (v * ratio, t, n)
+                        else:  # below; or measured since, maybe across the shift: neither scale fits it
+                            del curve[j]
+                    self._note_noise(name, dev)
+                else:
+                    curve.clear()  # its cost changed: the rest of its curve is stale too
+                    self.noise.pop(name, None)  # and the deviations on the way there were no noise
+                curve[k] = (cap, self.step, 1)
+                continue
+            if dev is not None:
+                self._note_noise(name, dev)
             curve[k] = (cap, self.step, 1) if seen is None else (0.5 * (seen[0] + cap), self.step, seen[2] + 1)
+
+    def _note_noise(self, name: str, dev: float) -> None:
+        old = self.noise.get(name)
+        if old is not None:  # one stray window (a cost shift under way) moves it by a bounded step
+            dev = min(dev, 2.0 * old + 0.02)
+        self.noise[name] = dev if old is None else (1 - self.noise_alpha) * old + self.noise_alpha * dev
 
     def forget_above(self, name: str, k: int) -> None:
         """Drop ``name``'s points above ``k`` slots (what it delivered there end to end says otherwise)."""
@@ -91,7 +115,7 @@ class ScalingMemory:
         """Slot count -> capacity, for every point recorded (each one measured steady)."""
         return {k: v[0] for k, v in self.curves.get(name, {}).items()}
 
-    def _measured_often(self, name: str, k: int) -> bool:
+    def measured_often(self, name: str, k: int) -> bool:
         """``k`` measured ``now_measurements`` times: the count an operator runs at is measured again
         every window, so it is compared only once its figure is steadier."""
         return self.curves.get(name, {}).get(k, (0.0, 0, 0))[2] >= self.now_measurements
@@ -106,13 +130,24 @@ class ScalingMemory:
         ``noise_k`` times its measured noise where that is more."""
         return max(margin, self.noise_k * self.noise.get(name, 0.0))
 
+    def step_looks_paid(self, name: str, k: int) -> bool:
+        """The step up to ``k`` slots from the next smaller count measured added the share of the linear
+        model's gain that :meth:`limit` asks for, on however few measurements ``k`` has (True where
+        nothing smaller, or ``k`` itself, is measured)."""
+        curve = self.settled(name)
+        below = [j for j in curve if j < k]
+        if k not in curve or not below:
+            return True
+        j = max(below)
+        return curve[k] >= curve[j] * (1.0 + self.share_of_linear_gain * (k / j - 1.0))
+
     def limit(self, name: str) -> int | None:
         """The slots ``k`` of ``name`` from which the next larger count measured did not pay (the
         first such step up; None: no such evidence)."""
         curve = self.settled(name)
 
         def did_not_pay(k: int, k2: int) -> bool:
-            if self._measured_often(name, k2):
+            if self.measured_often(name, k2):
                 return curve[k2] < curve[k] * (1.0 + self.share_of_linear_gain * (k2 / k - 1.0))
             return curve[k2] < curve[k] * (1.0 - self.drop)  # fewer measurements: only a clear drop counts
 
@@ -126,7 +161,7 @@ class ScalingMemory:
         """The slot count that measured the most capacity, if it beat the capacity at ``now`` by more
         than ``margin`` (or than its noise, :meth:`margin`); None otherwise, or while ``now`` is not
         measured often, and steady now."""
-        if not self._measured_often(name, now) or (self.noise_k > 0 and not self.measured_now(name, now)):
+        if not self.measured_often(name, now) or (self.noise_k > 0 and not self.measured_now(name, now)):
             return None
         curve = self.settled(name)
         best = max(curve, key=curve.get)
@@ -136,7 +171,7 @@ class ScalingMemory:
         """Where more slots than ``now`` measured *less* capacity (its tasks slow each other down; by
         more than ``margin`` or its noise, :meth:`margin`) and nothing between ``share * now`` and
         ``now`` is measured: that many slots, to find the peak."""
-        if not self._measured_often(name, now) or (self.noise_k > 0 and not self.measured_now(name, now)):
+        if not self.measured_often(name, now) or (self.noise_k > 0 and not self.measured_now(name, now)):
             return None
         curve = self.settled(name)
         floor = 1.0 - self.margin(name, margin) if self.noise_k > 0 else 1.0
