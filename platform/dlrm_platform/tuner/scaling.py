@@ -18,7 +18,10 @@ model gets wrong there:
 
 A cost shift changes an operator's whole curve: a new measurement at a slot count
 that differs from the remembered one by more than ``shift_tolerance`` forgets the
-operator's curve, and every point expires after ``horizon`` steps.
+operator's curve, and every point expires after ``horizon`` steps. With
+``shift_rescales`` (rl) it rescales the counts above instead, measured before it, by the
+same ratio: on a noisy operator most such "shifts" are stray windows, and forgetting
+the curve erased the evidence that more slots did not pay.
 
 Live, an operator's capacity is noisy where few of its tasks finish inside a window
 (8,000-row blocks, ~2 s tasks: the parse of ``per_task_overhead`` read 9,059 at 4 slots
