@@ -75,9 +75,10 @@ def test_job_runs_data_tasks_on_data_nodes_and_trainers_on_trainer_nodes(two_nod
     summary = run_job(job)
     assert summary.samples == validate_dataset(job.data).train_rows  # every sample once, across nodes
 
-    trainers = list_actors(filters=[("class_name", "=", "RayTrainWorker")], limit=100)
+    # The state API told which cluster to ask: it would otherwise ask the machine's latest one.
+    trainers = list_actors(address=cluster.address, filters=[("class_name", "=", "RayTrainWorker")], limit=100)
     assert trainers and {a.node_id for a in trainers} == {cluster.head_node.node_id}
-    data_tasks = [t for t in list_tasks(limit=10_000, detail=True)
+    data_tasks = [t for t in list_tasks(address=cluster.address, limit=10_000, detail=True)
                   if t.name.startswith(("ReadFused", "ReadSession", "ReadParquet", "MapBatches"))]
     assert data_tasks, "no Ray Data task found in the state API"
     assert {t.node_id for t in data_tasks if t.node_id} == {data_node.node_id}
