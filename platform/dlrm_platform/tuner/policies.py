@@ -741,7 +741,8 @@ class RLPolicy(Policy):
         rescale = self.runner.shift_rescales and not self.opts.get("rl_judge_moves", False)
         return ScalingMemory(self.spec.names, noise_k=float(self.opts.get("rl_scaling_noise_k",
                                                                           self.runner.scaling_noise_k)),
-                             shift_rescales=rescale)
+                             shift_rescales=rescale, horizon_above=self.runner.scaling_horizon_above,
+                             delivered_margin=self.runner.scaling_delivered_margin)
 
     def on_block_rows_change(self) -> None:
         self.fs.scaling = self._scaling_memory()

@@ -70,6 +70,13 @@ class RLPolicyRunner:
     grow_measured_often: bool = True
     #: a cost shift rescales an operator's measured curve rather than forgetting it (``ScalingMemory``)
     shift_rescales: bool = True
+    #: the evidence that more of an operator's slots did not pay outlives ``horizon`` (30 steps): once it
+    #: expired, the linear model grew the live contended lookup past its peak again, +4 slots in one move
+    #: (``ScalingMemory.horizon_above``; None: ``horizon``) ...
+    scaling_horizon_above: int | None = 90
+    #: ... and holds only where the pipeline did not deliver this much more at the larger count: an
+    #: operator's counters alone, kept that long, held wide_skewed at its starting allocation (None: off)
+    scaling_delivered_margin: float | None = 0.15
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
 
@@ -138,7 +145,8 @@ class RLPolicyRunner:
         limits: dict[str, int] = {}
         if self.scaling_margin is not None:
             steady = {n for n, k in fs.steps_since_change.items() if k >= self.steady_steps}
-            fs.scaling.record(alloc, {o.name: caps[o.name] for o in obs.ops if o.measured and o.name in steady})
+            fs.scaling.record(alloc, {o.name: caps[o.name] for o in obs.ops if o.measured and o.name in steady},
+                              delivered=obs.throughput)
             back = self._move_back(obs, alloc, specs, budget, fs)
             if back is not None:
                 return back

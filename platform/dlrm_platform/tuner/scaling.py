@@ -21,7 +21,13 @@ that differs from the remembered one by more than ``shift_tolerance`` forgets th
 operator's curve, and every point expires after ``horizon`` steps. With
 ``shift_rescales`` (rl) it rescales the counts above instead, measured before it, by the
 same ratio: on a noisy operator most such "shifts" are stray windows, and forgetting
-the curve erased the evidence that more slots did not pay.
+the curve erased the evidence that more slots did not pay. rl also keeps the points
+above an operator's current count for ``horizon_above`` steps (90): once that evidence
+expired after 30, the linear model grew the live contended lookup past its peak again,
++4 slots in one move. Kept that long, a step up that an operator's counters read as unpaid
+while the pipeline delivered more there (a warm-up window) would hold a good operator back
+for as long, so with ``delivered_margin`` such a step is no limit: the samples/s the
+pipeline delivered while the operator was measured at each count are kept beside it.
 
 Live, an operator's capacity is noisy where few of its tasks finish inside a window
 (8,000-row blocks, ~2 s tasks: the parse of ``per_task_overhead`` read 9,059 at 4 slots
@@ -41,7 +47,8 @@ class ScalingMemory:
     def __init__(self, names: Sequence[str], horizon: int = 30, shift_tolerance: float = 0.3,
                  share_of_linear_gain: float = 0.25, now_measurements: int = 3, drop: float = 0.1,
                  noise_k: float = 0.0, noise_alpha: float = 0.2,
-                 shift_rescales: bool = False):
+                 shift_rescales: bool = False, horizon_above: int | None = None,
+                 delivered_margin: float | None = None):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements)
         self.curves: dict[str, dict[int, tuple[float, int, int]]] = {n: {} for n in names}
         self.horizon = horizon
@@ -59,9 +66,17 @@ class ScalingMemory:
         self.noise: dict[str, float] = {}
         #: a cost shift rescales the operator's points above the shifted one by its ratio (False: forgets all)
         self.shift_rescales = shift_rescales
+        #: points above an operator's current count expire after this many steps (None: ``horizon``)
+        self.horizon_above = horizon_above
+        #: a step up counts as not paid only where the pipeline's delivered samples/s at the larger count
+        #: did not exceed that at the smaller by this much (None: the operator's counters alone)
+        self.delivered_margin = delivered_margin
+        #: operator -> slots -> smoothed samples/s the pipeline delivered while it was measured there
+        self.delivered: dict[str, dict[int, float]] = {n: {} for n in names}
         self.step = 0
 
-    def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None]) -> None:
+    def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None],
+               delivered: float | None = None) -> None:
         """One measurement of the capacity (samples/s) of the operators in ``capacities`` at ``alloc``.
         Pass only operators whose slots have not changed for a few windows: right after a move the
         new slots are occupied before they deliver (a task can outlast several windows), and the
@@ -72,7 +87,7 @@ class ScalingMemory:
             if cap is None or not k or cap <= 0:
                 continue
             curve = self.curves.setdefault(name, {})
-            for old in [j for j, (_, t, _) in curve.items() if self.step - t > self.horizon]:
+            for old in [j for j, (_, t, _) in curve.items() if self.step - t > self._horizon(j, k)]:
                 del curve[old]
             seen = curve.get(k)
             dev = abs(cap / seen[0] - 1.0) if seen is not None and seen[0] > 0 else None
@@ -97,10 +112,23 @@ class ScalingMemory:
                     curve.clear()  # its cost changed: the rest of its curve is stale too
                     self.noise.pop(name, None)  # and the deviations on the way there were no noise
                 curve[k] = (cap, self.step, 1)
+                self._note_delivered(name, k, delivered, fresh=True)
                 continue
             if dev is not None:
                 self._note_noise(name, dev)
             curve[k] = (cap, self.step, 1) if seen is None else (0.5 * (seen[0] + cap), self.step, seen[2] + 1)
+            self._note_delivered(name, k, delivered, fresh=seen is None)
+
+    def _horizon(self, j: int, now: int) -> int:
+        return self.horizon_above if self.horizon_above is not None and j > now else self.horizon
+
+    def _note_delivered(self, name: str, k: int, delivered: float | None, fresh: bool) -> None:
+        d = self.delivered.setdefault(name, {})
+        for j in [j for j in d if j not in self.curves[name]]:
+            del d[j]  # its capacity point expired or was forgotten
+        if delivered is None or delivered <= 0:
+            return
+        d[k] = delivered if fresh or k not in d else 0.5 * (d[k] + delivered)
 
     def _note_noise(self, name: str, dev: float) -> None:
         old = self.noise.get(name)
@@ -150,6 +178,8 @@ class ScalingMemory:
         curve = self.settled(name)
 
         def did_not_pay(k: int, k2: int) -> bool:
+            if self._delivered_rose(name, k, k2):
+                return False  # its counters say no, what the pipeline delivered says yes
             if self.measured_often(name, k2):
                 return curve[k2] < curve[k] * (1.0 + self.share_of_linear_gain * (k2 / k - 1.0))
             return curve[k2] < curve[k] * (1.0 - self.drop)  # fewer measurements: only a clear drop counts
@@ -160,13 +190,23 @@ class ScalingMemory:
                 return k
         return None
 
+    def _delivered_rose(self, name: str, k: int, k2: int) -> bool:
+        if self.delivered_margin is None:
+            return False
+        d = self.delivered.get(name, {})
+        return k in d and k2 in d and d[k2] > d[k] * (1.0 + self.delivered_margin)
+
     def better(self, name: str, now: int, margin: float) -> int | None:
         """The slot count that measured the most capacity, if it beat the capacity at ``now`` by more
         than ``margin`` (or than its noise, :meth:`margin`); None otherwise, or while ``now`` is not
         measured often, and steady now."""
         if not self.measured_often(name, now) or (self.noise_k > 0 and not self.measured_now(name, now)):
             return None
-        curve = self.settled(name)
+        # within `horizon` only: a point kept longer (`horizon_above`) says where more slots did not pay,
+        # not where to go (a warm-up figure 40 steps old drew no move, and kept the move back after a
+        # cost shift from being taken)
+        curve = {k: v for k, (v, t, _) in self.curves.get(name, {}).items()
+                 if k == now or self.step - t <= self.horizon}
         best = max(curve, key=curve.get)
         return best if curve[best] > curve[now] * (1.0 + self.margin(name, margin)) else None
 
