@@ -49,6 +49,10 @@ def wait_for(what: str, probe: Callable[[], T], timeout_s: float, interval_s: fl
     raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}; last: {last!r}")
 
 
+#: tries at starting a local Ray cluster (a start that timed out under load gets another)
+STARTUP_ATTEMPTS = 2
+
+
 @contextlib.contextmanager
 def local_ray(num_cpus: int = 4, **init: Any) -> Iterator[Any]:
     """A fresh local Ray cluster (any running one is shut down first) with Ray Data's progress bars off;
@@ -61,8 +65,20 @@ def local_ray(num_cpus: int = 4, **init: Any) -> Iterator[Any]:
     from dlrm_platform.ray_cluster import local_system_config
 
     # The settings `dlrm-platform run` gives the local cluster it starts: the tests run what users run.
-    ray.init(**{"address": "local", "num_cpus": num_cpus, "include_dashboard": False,
-                "logging_level": "WARNING", "_system_config": local_system_config(), **init})
+    args = {"address": "local", "num_cpus": num_cpus, "include_dashboard": False,
+            "logging_level": "WARNING", "_system_config": local_system_config(), **init}
+    for attempt in range(STARTUP_ATTEMPTS):
+        try:
+            ray.init(**args)
+            break
+        except Exception as e:
+            # Ray gives a raylet 30 s to register (not configurable). Under `make test`'s two processes on 2
+            # cores one once took longer, while the other process's chaos tests were killing workers: a
+            # fresh start, not a failed test, is what that calls for.
+            if "timed out during startup" not in str(e) or attempt + 1 == STARTUP_ATTEMPTS:
+                raise
+            ray.shutdown()
+            time.sleep(5.0)
     DataContext.get_current().enable_progress_bars = False
     try:
         yield ray
