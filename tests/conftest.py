@@ -18,9 +18,10 @@ from testkit import local_ray
 # test and Ray ended the whole pytest process 60 s later ("Failed to connect to GCS"), with no summary.
 os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
 
-# Under pytest-xdist (`make test`) each test process runs its own Ray clusters. Ray records "the latest cluster"
-# in <temp dir>/ray/ray_current_cluster, and whatever resolves an address on its own (the state API, Ray Train's
-# placement-group cleaner) reads it: with one temp dir per machine a test reached the other process's cluster.
+# Under pytest-xdist (`make test TEST_WORKERS=2`) each test process runs its own Ray clusters. Ray records
+# "the latest cluster" in <temp dir>/ray/ray_current_cluster, and whatever resolves an address on its own
+# (the state API, Ray Train's placement-group cleaner) reads it: with one temp dir per machine a test reached
+# the other process's cluster.
 # One temp dir per test process; the processes a test starts (CLI jobs, `ray start`) inherit it.
 if os.environ.get("PYTEST_XDIST_WORKER") and "RAY_TMPDIR" not in os.environ:
     os.environ["RAY_TMPDIR"] = f"/tmp/ray-{os.environ['PYTEST_XDIST_WORKER']}"

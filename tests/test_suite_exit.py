@@ -1,5 +1,6 @@
 """The suite's hard exit (tests/conftest.py) keeps pytest's exit status: a green run exits 0, a red one 1,
-in one process and under pytest-xdist (`make test` runs the suite in worker processes, each exiting hard)."""
+in one process and under pytest-xdist (`make test TEST_WORKERS=2` runs the suite in worker processes, each
+exiting hard)."""
 
 from __future__ import annotations
 

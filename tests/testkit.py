@@ -72,9 +72,9 @@ def local_ray(num_cpus: int = 4, **init: Any) -> Iterator[Any]:
             ray.init(**args)
             break
         except Exception as e:
-            # Ray gives a raylet 30 s to register (not configurable). Under `make test`'s two processes on 2
-            # cores one once took longer, while the other process's chaos tests were killing workers: a
-            # fresh start, not a failed test, is what that calls for.
+            # Ray gives a raylet 30 s to register (not configurable). Under `make test TEST_WORKERS=2`
+            # (two processes) on 2 cores one once took longer, while the other process's chaos tests
+            # were killing workers: a fresh start, not a failed test, is what that calls for.
             if "timed out during startup" not in str(e) or attempt + 1 == STARTUP_ATTEMPTS:
                 raise
             ray.shutdown()

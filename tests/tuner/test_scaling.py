@@ -199,7 +199,9 @@ def test_with_delivered_margin_a_step_the_pipeline_delivered_more_for_is_no_limi
     for _ in range(3):
         flat.record({"a": 4}, {"a": 2239.0}, delivered=3100.0)
     assert flat.limit("a") == 3
-    assert set(flat.delivered["a"]) == {3, 4}
+    assert set(flat.delivered("a")) == {3, 4}
+    flat.forget_above("a", 3)  # a point's delivered figure goes with it
+    assert set(flat.delivered("a")) == {3} and flat.limit("a") is None
 
 
 def test_the_simulated_contended_operator_runs_fewer_tasks_when_starved():

@@ -49,8 +49,9 @@ class ScalingMemory:
                  noise_k: float = 0.0, noise_alpha: float = 0.2,
                  shift_rescales: bool = False, horizon_above: int | None = None,
                  delivered_margin: float | None = None):
-        #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements)
-        self.curves: dict[str, dict[int, tuple[float, int, int]]] = {n: {} for n in names}
+        #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements,
+        #: smoothed samples/s the pipeline delivered while it was measured there, None where not given)
+        self.curves: dict[str, dict[int, tuple[float, int, int, float | None]]] = {n: {} for n in names}
         self.horizon = horizon
         self.shift_tolerance = shift_tolerance
         #: growing from k to k2 slots "pays" when it adds this share of the linear model's gain
@@ -71,8 +72,6 @@ class ScalingMemory:
         #: a step up counts as not paid only where the pipeline's delivered samples/s at the larger count
         #: did not exceed that at the smaller by this much (None: the operator's counters alone)
         self.delivered_margin = delivered_margin
-        #: operator -> slots -> smoothed samples/s the pipeline delivered while it was measured there
-        self.delivered: dict[str, dict[int, float]] = {n: {} for n in names}
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None],
@@ -82,12 +81,13 @@ class ScalingMemory:
         new slots are occupied before they deliver (a task can outlast several windows), and the
         rates of the windows before still weigh in, so the first windows read low or high."""
         self.step += 1
+        got = delivered if delivered is not None and delivered > 0 else None
         for name, cap in capacities.items():
             k = alloc.get(name)
             if cap is None or not k or cap <= 0:
                 continue
             curve = self.curves.setdefault(name, {})
-            for old in [j for j, (_, t, _) in curve.items() if self.step - t > self._horizon(j, k)]:
+            for old in [j for j, (_, t, _, _) in curve.items() if self.step - t > self._horizon(j, k)]:
                 del curve[old]
             seen = curve.get(k)
             dev = abs(cap / seen[0] - 1.0) if seen is not None and seen[0] > 0 else None
@@ -102,33 +102,27 @@ class ScalingMemory:
                     # shift (an operator's window outlasts a tick): forgotten too.
                     # The deviation counts as noise (bounded): a false shift is a noisy window.
                     ratio = cap / seen[0]
-                    for j, (v, t, n) in list(curve.items()):
+                    for j, (v, t, n, d) in list(curve.items()):
                         if j > k and t <= seen[1]:  # measured before the shifted point last was
-                            curve[j] = (v * ratio, t, n)
+                            curve[j] = (v * ratio, t, n, d)
                         else:  # below; or measured since, maybe across the shift: neither scale fits it
                             del curve[j]
                     self._note_noise(name, dev)
                 else:
                     curve.clear()  # its cost changed: the rest of its curve is stale too
                     self.noise.pop(name, None)  # and the deviations on the way there were no noise
-                curve[k] = (cap, self.step, 1)
-                self._note_delivered(name, k, delivered, fresh=True)
+                curve[k] = (cap, self.step, 1, got)
                 continue
             if dev is not None:
                 self._note_noise(name, dev)
-            curve[k] = (cap, self.step, 1) if seen is None else (0.5 * (seen[0] + cap), self.step, seen[2] + 1)
-            self._note_delivered(name, k, delivered, fresh=seen is None)
+            if seen is None:
+                curve[k] = (cap, self.step, 1, got)
+            else:
+                d = seen[3] if got is None else got if seen[3] is None else 0.5 * (seen[3] + got)
+                curve[k] = (0.5 * (seen[0] + cap), self.step, seen[2] + 1, d)
 
     def _horizon(self, j: int, now: int) -> int:
         return self.horizon_above if self.horizon_above is not None and j > now else self.horizon
-
-    def _note_delivered(self, name: str, k: int, delivered: float | None, fresh: bool) -> None:
-        d = self.delivered.setdefault(name, {})
-        for j in [j for j in d if j not in self.curves[name]]:
-            del d[j]  # its capacity point expired or was forgotten
-        if delivered is None or delivered <= 0:
-            return
-        d[k] = delivered if fresh or k not in d else 0.5 * (d[k] + delivered)
 
     def _note_noise(self, name: str, dev: float) -> None:
         old = self.noise.get(name)
@@ -146,10 +140,14 @@ class ScalingMemory:
         """Slot count -> capacity, for every point recorded (each one measured steady)."""
         return {k: v[0] for k, v in self.curves.get(name, {}).items()}
 
+    def delivered(self, name: str) -> dict[int, float]:
+        """Slot count -> samples/s the pipeline delivered while ``name`` was measured there (where given)."""
+        return {k: v[3] for k, v in self.curves.get(name, {}).items() if v[3] is not None}
+
     def measured_often(self, name: str, k: int) -> bool:
         """``k`` measured ``now_measurements`` times: the count an operator runs at is measured again
         every window, so it is compared only once its figure is steadier."""
-        return self.curves.get(name, {}).get(k, (0.0, 0, 0))[2] >= self.now_measurements
+        return self.curves.get(name, {}).get(k, (0.0, 0, 0, None))[2] >= self.now_measurements
 
     def measured_now(self, name: str, k: int) -> bool:
         """``name`` measured steady at ``k`` slots by the latest :meth:`record` (this visit, not a stale one)."""
@@ -193,7 +191,7 @@ class ScalingMemory:
     def _delivered_rose(self, name: str, k: int, k2: int) -> bool:
         if self.delivered_margin is None:
             return False
-        d = self.delivered.get(name, {})
+        d = self.delivered(name)
         return k in d and k2 in d and d[k2] > d[k] * (1.0 + self.delivered_margin)
 
     def better(self, name: str, now: int, margin: float) -> int | None:
@@ -205,7 +203,7 @@ class ScalingMemory:
         # within `horizon` only: a point kept longer (`horizon_above`) says where more slots did not pay,
         # not where to go (a warm-up figure 40 steps old drew no move, and kept the move back after a
         # cost shift from being taken)
-        curve = {k: v for k, (v, t, _) in self.curves.get(name, {}).items()
+        curve = {k: v for k, (v, t, _, _) in self.curves.get(name, {}).items()
                  if k == now or self.step - t <= self.horizon}
         best = max(curve, key=curve.get)
         return best if curve[best] > curve[now] * (1.0 + self.margin(name, margin)) else None
