@@ -12,9 +12,11 @@ from dlrm_platform.tuner.actions import (
     N_ACTIONS,
     action_mask,
     apply_action,
+    grow_tied_pair,
     is_feasible,
     project,
     used_cpus,
+    vetoed_actions,
 )
 from dlrm_platform.tuner.spec import OpSpec, TunerSpec
 
@@ -110,3 +112,17 @@ def test_shield_vetoes_moves_the_measured_rates_call_harmful_or_useless():
     # no measurement yet: nothing to judge by, nothing vetoed
     none = {"a": None, "b": None, "c": None}
     assert not vetoed_actions(mask, alloc, specs, 6.0, none).any()
+
+
+def test_two_operators_tied_at_the_bottleneck_grow_together():
+    """a and b both at 800 samples/s: a slot more for either leaves the other binding, so the shield vetoes
+    each "+1"; one more for each (from c, which has slack) raises the bottleneck to 900."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 8, "b": 4, "c": 4}
+    caps = {"a": 800.0, "b": 805.0, "c": 3200.0}
+    assert vetoed_actions(action_mask(alloc, specs, 16.0), alloc, specs, 16.0, caps)[1:3].all()
+    new, first, second = grow_tied_pair(alloc, specs, 16.0, caps, {"a", "b", "c"})
+    assert (first, second) == ("a", "b") and new == {"a": 9, "b": 5, "c": 2}
+    assert grow_tied_pair(alloc, specs, 16.0, caps, {"a", "c"}) is None  # b may not grow (limit, unmeasured)
+    assert grow_tied_pair(alloc, specs, 16.0, {**caps, "b": 1000.0}, {"a", "b", "c"}) is None  # no tie: "+1 a" pays
+    assert grow_tied_pair(alloc, specs, 16.0, {**caps, "c": 900.0}, {"a", "b", "c"}) is None  # no donor with slack

@@ -204,3 +204,24 @@ def test_rl_holds_until_the_operators_it_moved_have_been_measured_again():
     # every moved operator measured under its new slots: the net is asked again
     policy.decide(replace(obs, since_change_s=5.0, ops=both), dict(new), specs, 12.0)
     assert runner.calls == 2
+
+
+def test_rl_takes_no_rate_of_the_warm_up_after_the_first_rows_as_a_measurement():
+    """The workers' warm-up outlasts the first delivered rows (live, contended_lookup: a lookup rate read
+    2 s after them drew two +4 moves past its peak): rl's controller counts rates from 6 s after them,
+    other policies' from the first rows; ``rl_measure_after_delivery_s`` sets it."""
+    from dlrm_platform.tuner.controller import Controller
+
+    specs = [OpSpec("a", 1.0, initial=2), OpSpec("b", 1.0, initial=2)]
+    assert Controller(TunerSpec("w-rl", "rl", 8.0, specs)).observer.warmup_s == RLPolicyRunner.measure_after_delivery_s
+    assert RLPolicyRunner.measure_after_delivery_s == 6.0
+    assert Controller(TunerSpec("w-pl", "plumber", 8.0, specs)).observer.warmup_s == 0.0
+    opts = {"rl_measure_after_delivery_s": 0.0}
+    assert Controller(TunerSpec("w-rl0", "rl", 8.0, specs, options=opts)).observer.warmup_s == 0.0
+
+    def first_move(options: dict) -> float:
+        pipe = SimPipeline(ops=[SimOp("a", 4000.0), SimOp("b", 1000.0)], budget=8.0, lumpy=False)
+        trace = run_controller_in_sim(pipe, TunerSpec("w", "rl", 8.0, specs, options=dict(options)), steps=20)
+        return next(x["t"] for x in trace if x["allocation"] != {"a": 2, "b": 2})
+
+    assert first_move({}) >= first_move(opts) + 5.0  # the same move, once rates count

@@ -246,6 +246,38 @@ def fill_budget(
             capacities[best.name] = per_slot * out[best.name]
 
 
+def grow_tied_pair(
+    alloc: Mapping[str, int],
+    specs: Sequence[OpSpec],
+    budget: float,
+    capacities: Mapping[str, float | None],
+    growable: set[str],
+    *,
+    min_gain: float = 0.02,
+    memory_bound: bool = False,
+) -> tuple[Allocation, str, str] | None:
+    """``(allocation, first, second)``: one more slot for each of the two slowest operators where their
+    capacities tie (the second within ``min_gain`` of the first), so that no single "+1" passes the
+    shield (:func:`vetoed_actions`: the other one binds), and both together raise the predicted
+    bottleneck by ``min_gain``. None otherwise, or where either is not in ``growable``. Slots come
+    from free CPUs or donors, as for a "+1"."""
+    now = predicted_bottleneck(alloc, capacities, alloc)
+    known = sorted((c, n) for n, c in capacities.items() if c is not None and n in alloc)
+    if not math.isfinite(now) or len(known) < 2:
+        return None
+    (c1, first), (c2, second) = known[0], known[1]
+    if c2 > c1 * (1.0 + min_gain) or not {first, second} <= growable:
+        return None
+    one = _grown(first, alloc, specs, budget, capacities, memory_bound)
+    if one is None:
+        return None
+    scaled = {n: (c * one[n] / alloc[n] if c is not None and alloc.get(n) else c) for n, c in capacities.items()}
+    both = _grown(second, one, specs, budget, scaled, memory_bound)
+    if both is None or predicted_bottleneck(alloc, capacities, both) < now * (1.0 + min_gain):
+        return None
+    return both, first, second
+
+
 def grow_while_it_pays(
     a: int,
     alloc: Mapping[str, int],

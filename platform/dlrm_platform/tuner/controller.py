@@ -40,6 +40,7 @@ class Controller:
         self.observer = WindowedObserver(
             window_s=float(opts.get("window_s", 3.0)),
             settle_s=float(opts.get("settle_s", 1.0)),
+            warmup_s=self.policy.measure_after_delivery_s,
         )
         self.epoch = 0
         self.t0: float | None = None

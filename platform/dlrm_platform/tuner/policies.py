@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 class Policy:
     name = "base"
+    #: seconds after a pass's first delivered rows before its operators' rates count as measured
+    #: (``observe.WindowedObserver.warmup_s``)
+    measure_after_delivery_s = 0.0
 
     def __init__(self, spec: TunerSpec):
         self.spec = spec
@@ -705,6 +708,8 @@ class RLPolicy(Policy):
         from dlrm_platform.tuner.rl import RLPolicyRunner
 
         self.runner = RLPolicyRunner.load(spec.policy_path)
+        self.measure_after_delivery_s = float(self.opts.get("rl_measure_after_delivery_s",
+                                                            self.runner.measure_after_delivery_s))
         self.fs = FeatureState(spec.names)
         self.fs.scaling = self._scaling_memory()
         self.last_action = "hold"
@@ -742,7 +747,8 @@ class RLPolicy(Policy):
         return ScalingMemory(self.spec.names, noise_k=float(self.opts.get("rl_scaling_noise_k",
                                                                           self.runner.scaling_noise_k)),
                              shift_rescales=rescale, horizon_above=self.runner.scaling_horizon_above,
-                             delivered_margin=self.runner.scaling_delivered_margin)
+                             delivered_margin=self.runner.scaling_delivered_margin,
+                             rescale_since=bool(self.opts.get("rl_rescale_since", False)))
 
     def on_block_rows_change(self) -> None:
         self.fs.scaling = self._scaling_memory()

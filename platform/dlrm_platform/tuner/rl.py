@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from dlrm_platform.tuner.actions import K_MAX, describe_action, grow_while_it_pays, vetoed_actions
+from dlrm_platform.tuner.actions import K_MAX, describe_action, grow_tied_pair, grow_while_it_pays, vetoed_actions
 from dlrm_platform.tuner.features import FeatureState, featurize
 from dlrm_platform.tuner.observe import Observation
 from dlrm_platform.tuner.spec import Allocation, OpSpec
@@ -57,6 +58,10 @@ class RLPolicyRunner:
     max_repeat = 4
     #: a hold of the net's is overridden when a "+1" the shield allows is predicted to gain this much
     hold_override_gain: float | None = 0.10
+    #: where the two slowest operators tie, one slot more for each (``actions.grow_tied_pair``)
+    grow_tied_pairs: bool = True
+    #: ... where both operators' capacities are measured this steady (``ScalingMemory.noise``)
+    tie_max_noise: float = 0.05
     #: correct the linear model with each operator's measured scaling (``tuner/scaling.py``): no "+1"
     #: past the slots from which more were measured not to pay, and back to fewer slots where those
     #: measured faster by this margin (None: the linear model alone)
@@ -79,6 +84,11 @@ class RLPolicyRunner:
     scaling_delivered_margin: float | None = 0.15
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
+    #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
+    #: tasks of workers still warming up read contended_lookup's lookup at 2,046 samples/s (4 slots, 2 s
+    #: after the first rows; 5,600 later), the linear model grew it +4 and +4 before any steady reading,
+    #: and with nothing measured below 11 slots it stayed there (4,750 against 5,800 at 6)
+    measure_after_delivery_s: float = 6.0
 
     def __init__(self, net, meta: dict | None = None):
         self.net = net
@@ -86,7 +96,7 @@ class RLPolicyRunner:
         # what the shield did to this runner's choices (ablation, benchmarks): ticks the net was
         # asked, and how many of its own choices (argmax over the plain mask) the shield vetoed
         self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0, "overridden": 0, "moved_back": 0,
-                      "undone": 0}
+                      "undone": 0, "tied_pairs": 0}
 
     def register(self, key: str) -> str:
         """Make this in-memory policy loadable as ``policy_path=key`` (evaluation, tests)."""
@@ -135,8 +145,9 @@ class RLPolicyRunner:
         budget: float,
         fs: FeatureState,
     ) -> tuple[Allocation | None, str]:
-        if any(o.rate_per_slot is None for o in obs.ops if not o.completed):
-            # some operator has not finished a task yet: nothing to compare, hold
+        if obs.extra.get("warming_up") or any(o.rate_per_slot is None for o in obs.ops if not o.completed):
+            # the workers still warming up (rates are no measurements yet: ``measure_after_delivery_s``),
+            # or some operator has not finished a task yet: nothing to compare, hold
             fs.tick()
             return None, "hold (warming up)"
         vec, mask = featurize(obs, alloc, specs, budget, fs)
@@ -158,11 +169,14 @@ class RLPolicyRunner:
         memory_bound = obs.at_memory_limit  # "+1" only from upstream slots (actions.py)
         min_gain = self.required_gain(obs, fs)
         allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, min_gain, memory_bound)
+        growable = set()  # may take a slot more, whatever the shield's linear model says it gains
         for k, s in enumerate(specs[:K_MAX]):
             if s.name in limits and alloc[s.name] >= limits[s.name]:
                 allowed[1 + k] = False  # measured: more slots did not pay
             elif self.scaling_margin is not None and not self._measured_enough(fs, s.name, alloc[s.name]):
                 allowed[1 + k] = False  # not measured steady at its slots yet: grown once that says it paid
+            elif mask[1 + k] and fs.scaling.noise.get(s.name, math.inf) <= self.tie_max_noise:
+                growable.add(s.name)  # a tie of noisy counters is mostly their noise
         a = self.choose(vec, allowed)
         own = a if (allowed == mask).all() else self.choose(vec, mask)  # what it wanted, unshielded
         self.stats["asked"] += 1
@@ -178,6 +192,17 @@ class RLPolicyRunner:
             if strong.any():
                 a = self.choose(vec, strong)
                 self.stats["overridden"] += 1
+        if a == 0 and self.grow_tied_pairs:
+            # Two operators tie at the bottleneck: a slot more for either leaves the other binding, so
+            # the shield vetoes both and the net can only hold (a 7-operator pipeline held 52 s at 0.8 of
+            # its optimum with two operators at 800 samples/s each); a slot more for each pays.
+            pair = grow_tied_pair(alloc, specs, budget, caps, growable, min_gain=min_gain, memory_bound=memory_bound)
+            if pair is not None:
+                new, first, second = pair
+                self.stats["tied_pairs"] += 1
+                fs.tick()
+                fs.note_action(alloc, new)
+                return new, f"+1 {first}, +1 {second}: tied at the bottleneck"
         # the net picks the operator; the measured rates say how many slots the move gives it
         most = self.max_repeat
         if 1 <= a <= min(K_MAX, len(specs)) and specs[a - 1].name in limits:

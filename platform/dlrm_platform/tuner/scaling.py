@@ -48,7 +48,7 @@ class ScalingMemory:
                  share_of_linear_gain: float = 0.25, now_measurements: int = 3, drop: float = 0.1,
                  noise_k: float = 0.0, noise_alpha: float = 0.2,
                  shift_rescales: bool = False, horizon_above: int | None = None,
-                 delivered_margin: float | None = None):
+                 delivered_margin: float | None = None, rescale_since: bool = False):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements,
         #: smoothed samples/s the pipeline delivered while it was measured there, None where not given)
         self.curves: dict[str, dict[int, tuple[float, int, int, float | None]]] = {n: {} for n in names}
@@ -72,6 +72,11 @@ class ScalingMemory:
         #: a step up counts as not paid only where the pipeline's delivered samples/s at the larger count
         #: did not exceed that at the smaller by this much (None: the operator's counters alone)
         self.delivered_margin = delivered_margin
+        #: a shift rescales the counts above measured since the shifted one last was as well (False: forgets
+        #: them). Live, a stray window on the return to a count forgot the count above that had just measured
+        #: slower, and rl grew the contended lookup past its peak again (run 21); on, held-out cost shifts
+        #: lose (rescaled figures from across a real shift): rl option ``rl_rescale_since``, off by default
+        self.rescale_since = rescale_since
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None],
@@ -103,7 +108,7 @@ class ScalingMemory:
                     # The deviation counts as noise (bounded): a false shift is a noisy window.
                     ratio = cap / seen[0]
                     for j, (v, t, n, d) in list(curve.items()):
-                        if j > k and t <= seen[1]:  # measured before the shifted point last was
+                        if j > k and (t <= seen[1] or self.rescale_since):  # measured before the shifted point last was
                             curve[j] = (v * ratio, t, n, d)
                         else:  # below; or measured since, maybe across the shift: neither scale fits it
                             del curve[j]
