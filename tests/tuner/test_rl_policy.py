@@ -225,3 +225,18 @@ def test_rl_takes_no_rate_of_the_warm_up_after_the_first_rows_as_a_measurement()
         return next(x["t"] for x in trace if x["allocation"] != {"a": 2, "b": 2})
 
     assert first_move({}) >= first_move(opts) + 5.0  # the same move, once rates count
+
+
+def test_rls_state_names_the_slots_measured_not_to_pay():
+    """Each tick records the policy's state: rl's names the operators whose growth its scaling memory
+    vetoes, and from how many slots (live, why it grew a lookup again was not in the records)."""
+    from dlrm_platform.tuner.policies import RLPolicy
+
+    specs = [OpSpec("a", 1.0, initial=4), OpSpec("b", 1.0, initial=4)]
+    policy = RLPolicy(TunerSpec("rl-state", "rl", 12.0, specs))
+    assert "measured not to pay" not in policy.describe()
+    for _ in range(3):
+        policy.fs.scaling.record({"a": 6, "b": 4}, {"a": 6000.0})
+    for _ in range(3):
+        policy.fs.scaling.record({"a": 10, "b": 4}, {"a": 4500.0})
+    assert policy.describe().endswith("[more slots measured not to pay past: a 6]")

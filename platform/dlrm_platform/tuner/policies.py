@@ -819,7 +819,11 @@ class RLPolicy(Policy):
         return target
 
     def describe(self) -> str:
-        return self._with_blocks(f"rl: {self.last_action}")
+        # the slots past which more were measured not to pay: each tick's record then shows why rl did not
+        # (or did) grow an operator, which its scaling memory decides and the tick did not carry
+        limits = [f"{n} {k}" for n in self.spec.names if (k := self.fs.scaling.limit(n)) is not None]
+        paid = f" [more slots measured not to pay past: {', '.join(limits)}]" if limits else ""
+        return self._with_blocks(f"rl: {self.last_action}{paid}")
 
 
 class AutoPolicy(Policy):
