@@ -13,7 +13,9 @@ from dlrm_platform.tuner.simulator import (
     SimPipeline,
     make_env_class,
     random_pipeline,
+    run_controller_in_sim,
 )
+from dlrm_platform.tuner.spec import OpSpec, TunerSpec
 
 
 def _pipe(**kw):
@@ -120,3 +122,18 @@ def test_the_issue_mix_draws_what_the_policy_must_generalize_over():
     assert min(len(p.ops) for p in v1) == 2
     assert not any(o.ratio > 1 for p in v1 for o in p.ops)
     assert all(max(s) / min(s) <= 30 + 1e-6 for s in ([1000.0 * o.ratio / o.mu for o in p.ops] for p in v1))
+
+
+def test_a_warming_operator_runs_slower_for_its_first_seconds_then_at_its_rate():
+    """``run_controller_in_sim(warmup=...)``: the live start, where workers still warm up after the first
+    rows (an operator at a share of its rate for the first seconds); the pipeline is left warm."""
+    def pipe() -> SimPipeline:
+        return SimPipeline(ops=[SimOp("a", 4000.0), SimOp("b", 1000.0)], budget=4.0, lumpy=False)
+
+    specs = [OpSpec("a", 1.0, initial=1), OpSpec("b", 1.0, initial=2)]
+    warming = pipe()
+    slow = run_controller_in_sim(warming, TunerSpec("w", "static", 4.0, specs), steps=20, warmup={"b": (0.25, 8.0)})
+    warm = run_controller_in_sim(pipe(), TunerSpec("w", "static", 4.0, specs), steps=20)
+    assert max(x["throughput"] for x in slow[:7]) <= 0.3 * warm[5]["throughput"]
+    assert slow[-1]["throughput"] == warm[-1]["throughput"] == 2000.0
+    assert [o.mu for o in warming.ops] == [4000.0, 1000.0]

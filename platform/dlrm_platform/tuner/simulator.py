@@ -648,5 +648,7 @@ def run_controller_in_sim(
         out.append({"t": sim.t, "throughput": pipe.throughput(sim.active), "t_opt": t_opt,
                     "allocation": dict(ctl.allocation), "policy_state": ctl.policy.describe(),
                     "block_rows": ctl.block_rows})
+    for o in pipe.ops:  # warm (a run shorter than a warm-up leaves no operator slowed)
+        o.mu = warm_mu[o.name]
     ctl.pop_records()
     return out
