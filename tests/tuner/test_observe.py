@@ -98,10 +98,10 @@ def test_rates_in_the_warm_up_after_the_first_output_are_not_measurements():
                              sink_rows=rows if t else 0.0))
         o = obs.observation(alloc, cpus, 6.0)
         if o is not None and t < 5.0 + 1.0:  # the interval's window (1 s) still reaches into the warm-up
-            assert o.extra["warming_up"] and not any(op.measured for op in o.ops), t
+            assert o.warming_up and not any(op.measured for op in o.ops), t
             if t >= 2:  # a warm-up reading stands in (not measured) where nothing else is known
                 assert o.op("read").rate_per_slot == pytest.approx(200.0), t
-    assert obs.delivered_t == 1.0 and obs.measured_from() == 5.0 and not o.extra["warming_up"]
+    assert obs.delivered_t == 1.0 and obs.measured_from() == 5.0 and not o.warming_up
     assert o.op("read").measured and o.op("read").rate_per_slot == pytest.approx(1000.0)  # not the warm-up's 200
     plain = WindowedObserver(window_s=1.0, op_window_s=6.0)  # warmup_s 0: the warm-up's rates blend in
     rows = 0.0
@@ -126,5 +126,5 @@ def test_an_operator_idle_since_the_warm_up_keeps_its_warm_up_reading():
                                         "parse": RawOp(rows_out=500.0 * t, slot_seconds=2.0 * t)},
                              sink_rows=500.0 * t))
         o = obs.observation(alloc, cpus, 3.0)  # every interval, as the controller asks
-    assert not o.extra["warming_up"] and o.op("parse").measured
+    assert not o.warming_up and o.op("parse").measured
     assert not o.op("read").measured and o.op("read").rate_per_slot == pytest.approx(3000.0)

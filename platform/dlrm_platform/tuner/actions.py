@@ -246,6 +246,12 @@ def fill_budget(
             capacities[best.name] = per_slot * out[best.name]
 
 
+def _scaled(capacities: Mapping[str, float | None], alloc: Mapping[str, int],
+            after: Mapping[str, int]) -> dict[str, float | None]:
+    """Each measured capacity at ``after``'s slots, linear in slots from ``alloc``'s."""
+    return {n: (c * after[n] / alloc[n] if c is not None and alloc.get(n) else c) for n, c in capacities.items()}
+
+
 def grow_tied_pair(
     alloc: Mapping[str, int],
     specs: Sequence[OpSpec],
@@ -261,18 +267,17 @@ def grow_tied_pair(
     shield (:func:`vetoed_actions`: the other one binds), and both together raise the predicted
     bottleneck by ``min_gain``. None otherwise, or where either is not in ``growable``. Slots come
     from free CPUs or donors, as for a "+1"."""
-    now = predicted_bottleneck(alloc, capacities, alloc)
-    known = sorted((c, n) for n, c in capacities.items() if c is not None and n in alloc)
-    if not math.isfinite(now) or len(known) < 2:
+    # the operators that bound the pipeline, slowest first (``predicted_bottleneck``'s)
+    known = sorted((c, n) for n, c in capacities.items() if c is not None and alloc.get(n, 0) > 0)
+    if len(known) < 2:
         return None
-    (c1, first), (c2, second) = known[0], known[1]
-    if c2 > c1 * (1.0 + min_gain) or not {first, second} <= growable:
+    (now, first), (c2, second) = known[0], known[1]
+    if c2 > now * (1.0 + min_gain) or not {first, second} <= growable:
         return None
     one = _grown(first, alloc, specs, budget, capacities, memory_bound)
     if one is None:
         return None
-    scaled = {n: (c * one[n] / alloc[n] if c is not None and alloc.get(n) else c) for n, c in capacities.items()}
-    both = _grown(second, one, specs, budget, scaled, memory_bound)
+    both = _grown(second, one, specs, budget, _scaled(capacities, alloc, one), memory_bound)
     if both is None or predicted_bottleneck(alloc, capacities, both) < now * (1.0 + min_gain):
         return None
     return both, first, second
@@ -305,8 +310,7 @@ def grow_while_it_pays(
     most = min(alloc[name] + max_slots, 2 * alloc[name])
     while new[name] < most:
         # capacities at ``new`` (donor choice); the gain is the shield's test (vetoed_actions)
-        scaled = {n: (c * new[n] / alloc[n] if c is not None and alloc.get(n) else c) for n, c in capacities.items()}
-        trial = _grown(name, new, specs, budget, scaled, memory_bound)
+        trial = _grown(name, new, specs, budget, _scaled(capacities, alloc, new), memory_bound)
         if trial is None:
             break
         now = predicted_bottleneck(alloc, capacities, new)

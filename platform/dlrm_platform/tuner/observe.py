@@ -84,6 +84,7 @@ class Observation:
     budget: float
     data_wait: float | None = None
     since_change_s: float = 0.0   # seconds since the allocation last changed
+    warming_up: bool = False      # rates are no measurements yet (``WindowedObserver.warmup_s``)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -362,8 +363,7 @@ class WindowedObserver:
                 if after_first_output and o.rate_per_slot is not None and o.name not in self.rates:
                     self.rates[o.name] = o.rate_per_slot
                 o.rate_per_slot, o.capacity, o.measured = None, None, False
-        #: rates are no measurements yet (before the first output, or within ``warmup_s`` of it)
-        obs.extra["warming_up"] = start is None or prev.t < start
+        obs.warming_up = start is None or prev.t < start  # before the first output, or within ``warmup_s``
         if self.delivered_t is not None:
             self._per_op_windows(obs, factors)
         for o, f in zip(obs.ops, factors):

@@ -145,7 +145,7 @@ class RLPolicyRunner:
         budget: float,
         fs: FeatureState,
     ) -> tuple[Allocation | None, str]:
-        if obs.extra.get("warming_up") or any(o.rate_per_slot is None for o in obs.ops if not o.completed):
+        if obs.warming_up or any(o.rate_per_slot is None for o in obs.ops if not o.completed):
             # the workers still warming up (rates are no measurements yet: ``measure_after_delivery_s``),
             # or some operator has not finished a task yet: nothing to compare, hold
             fs.tick()
