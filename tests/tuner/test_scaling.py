@@ -551,3 +551,111 @@ def test_a_stray_window_on_the_return_forgets_the_count_above_unless_told_to_res
     forgot, kept = run(False), run(True)
     assert list(forgot.curves["a"]) == [6] and forgot.limit("a") is None
     assert kept.settled("a")[10] == pytest.approx(4500.0 * 1.5) and kept.limit("a") == 6
+
+
+def _hysteresis_memory(**kw) -> ScalingMemory:
+    return ScalingMemory(["a"], shift_rescales=True, limit_hysteresis=0.1, **kw)
+
+
+def test_with_limit_hysteresis_a_limit_holds_until_the_step_measures_clearly_paid():
+    """6 -> 8 slots did not pay (line: 6,000 * (1 + 0.25 / 3) = 6,500); re-measured at 8 a little over
+    the line, the plain limit vanishes (live: the contended lookup's limit came and went within a tick,
+    and rl grew it past its peak again); held, it goes once 8 measures 10% over the line."""
+    def at_eight(mem: ScalingMemory, cap: float, times: int = 1) -> ScalingMemory:
+        for _ in range(times):
+            mem.record({"a": 8}, {"a": cap})
+        return mem
+
+    plain, held = ScalingMemory(["a"], shift_rescales=True), _hysteresis_memory()
+    for mem in (plain, held):
+        _measure(mem, "a", 6, 6000.0)
+        _measure(mem, "a", 8, 6000.0)
+        assert mem.limit("a") == 6
+        at_eight(mem, 7100.0)  # smoothed 6,550: just over the line
+    assert plain.limit("a") is None
+    assert held.limit("a") == 6
+    at_eight(held, 7600.0, times=3)  # smoothed ~7,400 > 6,500 * 1.1
+    assert held.limit("a") is None
+
+
+def test_with_limit_hysteresis_a_stray_window_forgetting_the_counts_below_leaves_the_limit():
+    """At 8 slots, past a peak at 6, a reading 40% off reads as a cost shift that forgets the counts
+    below: with nothing below, the plain memory has no limit (live, the step up to 11 lookup slots then
+    "counted as paid"); the held limit is judged by the figures it rests on, rescaled by the shift."""
+    plain, held = ScalingMemory(["a"], shift_rescales=True), _hysteresis_memory()
+    for mem in (plain, held):
+        _measure(mem, "a", 6, 6000.0)
+        _measure(mem, "a", 8, 5000.0)
+        assert mem.limit("a") == 6
+        mem.record({"a": 8}, {"a": 7000.0})  # 40% off its point: a "shift"
+        assert list(mem.curves["a"]) == [8]
+    assert plain.limit("a") is None
+    assert held.limit("a") == 6
+    assert held.held["a"].points[6][0] == pytest.approx(6000.0 * 1.4)
+
+
+def test_with_limit_hysteresis_a_stray_window_on_the_return_keeps_the_limit():
+    """The scenario of ``test_a_stray_window_on_the_return_...``: back at 6 a reading 50% off forgets 10
+    (measured since 6 last was); its figure is kept as it was, and the limit stands."""
+    mem = _hysteresis_memory()
+    _measure(mem, "a", 6, 6000.0)
+    _measure(mem, "a", 10, 4500.0)
+    assert mem.limit("a") == 6
+    mem.record({"a": 6}, {"a": 9000.0})
+    assert list(mem.curves["a"]) == [6] and mem.limit("a") == 6
+    assert mem.held["a"].points[10][0] == 4500.0
+
+
+def test_with_limit_hysteresis_a_count_measured_after_a_real_shift_frees_the_limit():
+    """A held-out simulated pipeline: read's cost doubles at 3 slots; at 4 it measures 8,900 (after the
+    shift) against 14,000 at 3 (before): a limit. Back at 3, the shift shows (7,000): 4's figure, measured
+    since, is kept as it is, and over the line at 3's new figure it frees the limit (rescaled by the
+    shift's ratio, it held read at 3 to the end of the run, at 0.81 of the new optimum)."""
+    mem = _hysteresis_memory()
+    _measure(mem, "a", 3, 14000.0)
+    _measure(mem, "a", 4, 8900.0)
+    assert mem.limit("a") == 3
+    _measure(mem, "a", 3, 7000.0)
+    assert mem.limit("a") is None
+
+
+def test_with_limit_hysteresis_a_held_limit_goes_with_its_points_expiry_or_a_delivered_rise():
+    expiring = _hysteresis_memory(horizon=5)
+    _measure(expiring, "a", 4, 4000.0)
+    _measure(expiring, "a", 6, 4000.0)
+    assert expiring.limit("a") == 4
+    for _ in range(6):  # 4, below the count it runs at, expires: the limit with it
+        expiring.record({"a": 6}, {"a": 4000.0})
+    assert 4 not in expiring.curves["a"] and expiring.limit("a") is None
+
+    delivered = _hysteresis_memory(delivered_margin=0.15)
+    for _ in range(3):
+        delivered.record({"a": 3}, {"a": 3173.0}, delivered=3000.0)
+    for _ in range(3):
+        delivered.record({"a": 4}, {"a": 2239.0}, delivered=3100.0)
+    assert delivered.limit("a") == 3
+    for _ in range(3):  # the counters still say no, the pipeline delivered clearly more: no limit
+        delivered.record({"a": 4}, {"a": 2239.0}, delivered=4500.0)
+    assert delivered.limit("a") is None
+
+
+def test_with_delivered_window_s_a_point_keeps_the_long_window_delivered_once_unchanged_that_long():
+    """Live, one window of the contended pipeline read 1,900-9,100 samples/s at fixed slots and such a
+    burst cancelled the lookup's measured limit: with ``delivered_window_s`` the sink's 5 s figure is
+    kept beside a point, and nothing until the allocation has been unchanged for 5 s."""
+    from dlrm_platform.tuner.observe import Observation
+
+    fs = FeatureState(["a"])
+    fs.scaling = ScalingMemory(["a"], delivered_window_s=5.0)
+
+    def obs(since_change_s: float) -> Observation:
+        return Observation(t=10.0, window_s=1.0, ops=[], throughput=9100.0, mem_used=0.0, mem_limit=1e9,
+                           spill_rate=0.0, budget=4.0, since_change_s=since_change_s,
+                           extra={"throughput_long": 6000.0})
+
+    assert RLPolicyRunner._delivered(obs(3.0), fs) is None
+    assert RLPolicyRunner._delivered(obs(6.0), fs) == 6000.0
+    fs.warming_up_t = 7.0  # the 5 s reach back into the warm-up's ramp (run 26: 4 slots read low there)
+    assert RLPolicyRunner._delivered(obs(6.0), fs) is None
+    fs.scaling = ScalingMemory(["a"])
+    assert RLPolicyRunner._delivered(obs(3.0), fs) == 9100.0  # off: the window's own figure

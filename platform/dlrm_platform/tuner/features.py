@@ -50,6 +50,8 @@ class FeatureState:
         # delivered end to end (rl's shield reads both)
         self.scaling = ScalingMemory(names)
         self.moves = AllocationThroughput()
+        #: when the pipeline last read as warming up (``Observation.warming_up``; None: not seen)
+        self.warming_up_t: float | None = None
 
     def note_action(self, before: Mapping[str, int], after: Mapping[str, int]) -> None:
         changed = False

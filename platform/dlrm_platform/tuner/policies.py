@@ -748,7 +748,14 @@ class RLPolicy(Policy):
                                                                           self.runner.scaling_noise_k)),
                              shift_rescales=rescale, horizon_above=self.runner.scaling_horizon_above,
                              delivered_margin=self.runner.scaling_delivered_margin,
-                             rescale_since=bool(self.opts.get("rl_rescale_since", False)))
+                             rescale_since=bool(self.opts.get("rl_rescale_since", False)),
+                             limit_hysteresis=self._optional_float("rl_limit_hysteresis", self.runner.limit_hysteresis),
+                             delivered_window_s=self._optional_float("rl_delivered_window_s",
+                                                                     self.runner.scaling_delivered_window_s))
+
+    def _optional_float(self, option: str, default: float | None) -> float | None:
+        value = self.opts.get(option, default)
+        return None if value is None else float(value)
 
     def on_block_rows_change(self) -> None:
         self.fs.scaling = self._scaling_memory()

@@ -82,6 +82,12 @@ class RLPolicyRunner:
     #: ... and holds only where the pipeline did not deliver this much more at the larger count: an
     #: operator's counters alone, kept that long, held wide_skewed at its starting allocation (None: off)
     scaling_delivered_margin: float | None = 0.15
+    #: a measured limit holds until the step it rests on measures paid by this much over the line
+    #: (``ScalingMemory.limit_hysteresis``; None: while its two points say so)
+    limit_hysteresis: float | None = None
+    #: the delivered samples/s kept beside each scaling point over this many seconds (None: one window's;
+    #: ``ScalingMemory.delivered_window_s``)
+    scaling_delivered_window_s: float | None = None
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -137,6 +143,16 @@ class RLPolicyRunner:
         lg = np.where(mask, lg, -np.inf)
         return int(np.argmax(lg))
 
+    @staticmethod
+    def _delivered(obs: Observation, fs: FeatureState) -> float | None:
+        """The samples/s delivered beside this tick's scaling points (``ScalingMemory.delivered_window_s``)."""
+        window = fs.scaling.delivered_window_s
+        if window is None:
+            return obs.throughput
+        if obs.since_change_s < window or (fs.warming_up_t is not None and obs.t - fs.warming_up_t < window):
+            return None  # the window reaches back into another allocation, or into the warm-up's ramp
+        return obs.extra.get("throughput_long", obs.throughput)
+
     def act(
         self,
         obs: Observation,
@@ -148,6 +164,8 @@ class RLPolicyRunner:
         if obs.warming_up or any(o.rate_per_slot is None for o in obs.ops if not o.completed):
             # the workers still warming up (rates are no measurements yet: ``measure_after_delivery_s``),
             # or some operator has not finished a task yet: nothing to compare, hold
+            if obs.warming_up:
+                fs.warming_up_t = obs.t
             fs.tick()
             return None, "hold (warming up)"
         vec, mask = featurize(obs, alloc, specs, budget, fs)
@@ -157,7 +175,7 @@ class RLPolicyRunner:
         if self.scaling_margin is not None:
             steady = {n for n, k in fs.steps_since_change.items() if k >= self.steady_steps}
             fs.scaling.record(alloc, {o.name: caps[o.name] for o in obs.ops if o.measured and o.name in steady},
-                              delivered=obs.throughput)
+                              delivered=self._delivered(obs, fs))
             back = self._move_back(obs, alloc, specs, budget, fs)
             if back is not None:
                 return back

@@ -29,6 +29,13 @@ while the pipeline delivered more there (a warm-up window) would hold a good ope
 for as long, so with ``delivered_margin`` such a step is no limit: the samples/s the
 pipeline delivered while the operator was measured at each count are kept beside it.
 
+rl options, off by default (simulated, they cost other pipelines about what they gain on the contended
+lookup; README, runs 24-27): ``limit_hysteresis`` keeps a measured limit until the step it rests on
+measures clearly paid (live, the lookup's limit came and went within a tick), judging a point forgotten
+meanwhile by its figures when the limit was last measured; ``delivered_window_s`` keeps the sink's
+5 s samples/s beside each point instead of one window's (live, one window read 1,900-9,100 at fixed slots,
+and such a burst cancelled the limit through ``delivered_margin``).
+
 Live, an operator's capacity is noisy where few of its tasks finish inside a window
 (8,000-row blocks, ~2 s tasks: the parse of ``per_task_overhead`` read 9,059 at 4 slots
 and 7,887 at 5 in one run). :meth:`better` and :meth:`probe_fewer` therefore compare the
@@ -41,6 +48,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class HeldLimit:
+    """Growing an operator from ``k`` to ``k2`` slots was measured not to pay, last at ``step``;
+    ``points``: slots -> (capacity, delivered samples/s, step measured) there then."""
+
+    k: int
+    k2: int
+    step: int
+    points: dict[int, tuple[float, float | None, int]]
 
 
 class ScalingMemory:
@@ -48,7 +67,8 @@ class ScalingMemory:
                  share_of_linear_gain: float = 0.25, now_measurements: int = 3, drop: float = 0.1,
                  noise_k: float = 0.0, noise_alpha: float = 0.2,
                  shift_rescales: bool = False, horizon_above: int | None = None,
-                 delivered_margin: float | None = None, rescale_since: bool = False):
+                 delivered_margin: float | None = None, rescale_since: bool = False,
+                 limit_hysteresis: float | None = None, delivered_window_s: float | None = None):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements,
         #: smoothed samples/s the pipeline delivered while it was measured there, None where not given)
         self.curves: dict[str, dict[int, tuple[float, int, int, float | None]]] = {n: {} for n in names}
@@ -77,6 +97,19 @@ class ScalingMemory:
         #: slower, and rl grew the contended lookup past its peak again (run 21); on, held-out cost shifts
         #: lose (rescaled figures from across a real shift): rl option ``rl_rescale_since``, off by default
         self.rescale_since = rescale_since
+        #: a limit, once measured, holds until the step it rests on measures paid by this much more than
+        #: the line (or its evidence is ``horizon_above`` steps old): None, a limit lasts while its two
+        #: points say so. Live, the contended lookup's limit vanished within a tick (a re-measured point's
+        #: smoothed figure crossing the line, a stray window forgetting a point) and rl grew it past its
+        #: peak again (run 23)
+        self.limit_hysteresis = limit_hysteresis
+        #: the delivered samples/s beside each point are the sink's over this many seconds, taken only once
+        #: the allocation has been unchanged that long (the caller passes them; None: one window's). Live,
+        #: one window of the contended pipeline read 1,900-9,100 samples/s at fixed slots, and such a burst
+        #: cancelled the lookup's measured limit through ``delivered_margin`` (run 25)
+        self.delivered_window_s = delivered_window_s
+        #: operator -> the limit held (``limit_hysteresis``)
+        self.held: dict[str, HeldLimit] = {}
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None],
@@ -94,6 +127,10 @@ class ScalingMemory:
             curve = self.curves.setdefault(name, {})
             for old in [j for j, (_, t, _, _) in curve.items() if self.step - t > self._horizon(j, k)]:
                 del curve[old]
+                if (held := self.held.get(name)) is not None and old in (held.k, held.k2):
+                    # its evidence as old as the memory keeps any: kept on, a gradual cost shift held a
+                    # simulated operator below its new optimum for the rest of the run
+                    del self.held[name]
             seen = curve.get(k)
             dev = abs(cap / seen[0] - 1.0) if seen is not None and seen[0] > 0 else None
             if dev is not None and dev > self.shift_tolerance:
@@ -113,9 +150,17 @@ class ScalingMemory:
                         else:  # below; or measured since, maybe across the shift: neither scale fits it
                             del curve[j]
                     self._note_noise(name, dev)
+                    if (held := self.held.get(name)) is not None:
+                        # its figures from before the shifted count last was compare with it rescaled; those
+                        # measured since may be from after the shift already (kept as they are: a stray
+                        # window on the return to 6 lookup slots must not make 10 look paid, nor a real shift
+                        # keep a count above that measured after it from looking paid)
+                        held.points = {j: (c * ratio if t <= seen[1] else c, d, t)
+                                       for j, (c, d, t) in held.points.items()}
                 else:
                     curve.clear()  # its cost changed: the rest of its curve is stale too
                     self.noise.pop(name, None)  # and the deviations on the way there were no noise
+                    self.held.pop(name, None)
                 curve[k] = (cap, self.step, 1, got)
                 continue
             if dev is not None:
@@ -188,10 +233,43 @@ class ScalingMemory:
             return curve[k2] < curve[k] * (1.0 - self.drop)  # fewer measurements: only a clear drop counts
 
         ks = sorted(curve)
-        for k, k2 in zip(ks, ks[1:]):  # measured counts in order: the first step up that did not pay
-            if did_not_pay(k, k2):
-                return k
-        return None
+        # measured counts in order: the first step up that did not pay
+        found = next(((k, k2) for k, k2 in zip(ks, ks[1:]) if did_not_pay(k, k2)), None)
+        if self.limit_hysteresis is None:
+            return found[0] if found else None
+        held = self.held.get(name)
+        if found is not None and (held is None or found[0] <= held.k):
+            self.held[name] = self._hold(name, *found)
+            return found[0]
+        if held is not None and self._still_holds(name, held):
+            return held.k if found is None else min(held.k, found[0])
+        self.held.pop(name, None)
+        if found is not None:
+            self.held[name] = self._hold(name, *found)
+        return found[0] if found else None
+
+    def _hold(self, name: str, k: int, k2: int) -> HeldLimit:
+        curve = self.curves[name]
+        return HeldLimit(k, k2, self.step, {j: (curve[j][0], curve[j][3], curve[j][1]) for j in (k, k2)})
+
+    def _still_holds(self, name: str, held: HeldLimit) -> bool:
+        """A held limit stands until the step it rests on measures clearly paid (``k2`` over the line by
+        ``limit_hysteresis``), or what the pipeline delivered rose there as :meth:`limit` asks, or
+        ``horizon_above`` steps pass. A point forgotten meanwhile (a stray window read as a cost shift)
+        is judged by its figures when the limit was last measured: live, forgetting the counts below
+        made the step up to 11 lookup slots "count as paid"."""
+        if self.step - held.step > (self.horizon_above or self.horizon):
+            return False
+        curve = self.curves.get(name, {})
+        (c, d, _), (c2, d2, _) = ((curve[j][0], curve[j][3], 0) if j in curve else held.points[j]
+                                  for j in (held.k, held.k2))
+        if self.delivered_margin is not None and d is not None and d2 is not None \
+                and d2 > d * (1.0 + self.delivered_margin):
+            return False
+        if held.k2 in curve and not self.measured_often(name, held.k2):
+            return True
+        line = c * (1.0 + self.share_of_linear_gain * (held.k2 / held.k - 1.0))
+        return c2 < line * (1.0 + self.limit_hysteresis)
 
     def _delivered_rose(self, name: str, k: int, k2: int) -> bool:
         if self.delivered_margin is None:
