@@ -240,3 +240,19 @@ def test_rls_state_names_the_slots_measured_not_to_pay():
     for _ in range(3):
         policy.fs.scaling.record({"a": 10, "b": 4}, {"a": 4500.0})
     assert policy.describe().endswith("[more slots measured not to pay past: a 6]")
+
+
+def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
+    """The loaded runner is shared per process: one job's ``rl_return_past_limit`` must not reach
+    another's; the scaling-memory options land in the job's own memory (null: off)."""
+    from dlrm_platform.tuner.policies import RLPolicy
+
+    specs = [OpSpec("a", 1.0, initial=2), OpSpec("b", 1.0, initial=2)]
+    opts = {"rl_return_past_limit": True, "rl_limit_hysteresis": None, "rl_delivered_window_s": None}
+    with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
+    plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
+    assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
+    assert with_options.runner.net is plain.runner.net  # the weights stay shared
+    assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
+    assert plain.fs.scaling.limit_hysteresis == RLPolicyRunner.limit_hysteresis == 0.1
+    assert plain.fs.scaling.delivered_window_s == RLPolicyRunner.scaling_delivered_window_s == 5.0

@@ -27,6 +27,7 @@ onto the feasible set (budget, minimums), so no policy can oversubscribe CPUs.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import logging
@@ -710,6 +711,9 @@ class RLPolicy(Policy):
         self.runner = RLPolicyRunner.load(spec.policy_path)
         self.measure_after_delivery_s = float(self.opts.get("rl_measure_after_delivery_s",
                                                             self.runner.measure_after_delivery_s))
+        if "rl_return_past_limit" in self.opts:  # this job's own copy (the loaded runner is per process)
+            self.runner = copy.copy(self.runner)
+            self.runner.return_past_limit = bool(self.opts["rl_return_past_limit"])
         self.fs = FeatureState(spec.names)
         self.fs.scaling = self._scaling_memory()
         self.last_action = "hold"

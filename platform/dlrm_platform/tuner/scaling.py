@@ -29,8 +29,7 @@ while the pipeline delivered more there (a warm-up window) would hold a good ope
 for as long, so with ``delivered_margin`` such a step is no limit: the samples/s the
 pipeline delivered while the operator was measured at each count are kept beside it.
 
-rl options, off by default (simulated, they cost other pipelines about what they gain on the contended
-lookup; README, runs 24-27): ``limit_hysteresis`` keeps a measured limit until the step it rests on
+rl's defaults since runs 24-31 (README): ``limit_hysteresis`` keeps a measured limit until the step it rests on
 measures clearly paid (live, the lookup's limit came and went within a tick), judging a point forgotten
 meanwhile by its figures when the limit was last measured; ``delivered_window_s`` keeps the sink's
 5 s samples/s beside each point instead of one window's (live, one window read 1,900-9,100 at fixed slots,
