@@ -49,10 +49,11 @@ def _suite_run(job: tuple[dict, str, float, int, str]) -> float:
     pipe = load_pipeline(ROOT / "benchmarks" / "pipelines" / f"{name}.yaml")
     sim = from_profile(pipe.ground_truth())
     sim.op_noise = op_noise
-    spec = TunerSpec(f"options-{name}", "rl", sim.budget, pipe.op_specs(), options=dict(options),
-                     block_rows=block_rows_spec(pipe, Path(tempfile.mkdtemp(prefix="tuner-options-"))))
     warmup = {"all": {n: WARM_UP for n in sim.names}, "lookup": LOOKUP_WARM_UP, "none": None}[warm]
-    trace = run_controller_in_sim(sim, spec, steps=100, seed=seed, warmup=warmup)
+    with tempfile.TemporaryDirectory(prefix="tuner-options-") as tmp:
+        spec = TunerSpec(f"options-{name}", "rl", sim.budget, pipe.op_specs(), options=dict(options),
+                         block_rows=block_rows_spec(pipe, Path(tmp)))
+        trace = run_controller_in_sim(sim, spec, steps=100, seed=seed, warmup=warmup)
     return float(np.mean([min(x["throughput"] / x["t_opt"], 1.0) for x in trace[-40:]]))
 
 

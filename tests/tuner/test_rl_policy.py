@@ -98,6 +98,24 @@ def test_a_move_grows_the_chosen_operator_as_far_as_the_measured_rates_say_each_
     assert new == {"a": 1, "b": 7, "c": 4}
 
 
+def test_with_noisy_max_repeat_an_operator_with_noisy_counters_grows_by_fewer_slots_per_move():
+    """Live, the contended lookup (counters swinging 4-8x) went 4 -> 8 slots in one move before any
+    limit could be measured: with ``noisy_max_repeat`` an operator measured noisier than
+    ``noisy_growth_noise`` grows by at most that many slots; a steady one as before."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 4, "c": 4}
+    plus_b = 2
+    obs = _obs({"a": 4000.0, "b": 500.0, "c": 2000.0}, alloc, 500.0)
+    for noise, expect_b in ((0.3, 6), (0.1, 8)):
+        runner = _AlwaysWants(plus_b)
+        runner.noisy_max_repeat = 2
+        fs = FeatureState(["a", "b", "c"])
+        fs.scaling.noise["b"] = noise
+        new, _ = runner.act(obs, alloc, specs, 12.0, fs)
+        assert new["b"] == expect_b, noise
+        assert is_feasible(new, specs, 12.0)
+
+
 def test_a_hold_is_overridden_only_where_the_measured_rates_predict_a_large_gain():
     specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
     alloc = {"a": 4, "b": 4, "c": 4}
@@ -248,10 +266,13 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     from dlrm_platform.tuner.policies import RLPolicy
 
     specs = [OpSpec("a", 1.0, initial=2), OpSpec("b", 1.0, initial=2)]
-    opts = {"rl_return_past_limit": True, "rl_limit_hysteresis": None, "rl_delivered_window_s": None}
+    opts = {"rl_return_past_limit": True, "rl_limit_hysteresis": None, "rl_delivered_window_s": None,
+            "rl_noisy_max_repeat": 2, "rl_noisy_growth_noise": 0.2}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
+    assert (with_options.runner.noisy_max_repeat, with_options.runner.noisy_growth_noise) == (2, 0.2)
+    assert plain.runner.noisy_max_repeat == RLPolicyRunner.noisy_max_repeat
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
     assert plain.fs.scaling.limit_hysteresis == RLPolicyRunner.limit_hysteresis == 0.1

@@ -711,9 +711,14 @@ class RLPolicy(Policy):
         self.runner = RLPolicyRunner.load(spec.policy_path)
         self.measure_after_delivery_s = float(self.opts.get("rl_measure_after_delivery_s",
                                                             self.runner.measure_after_delivery_s))
-        if "rl_return_past_limit" in self.opts:  # this job's own copy (the loaded runner is per process)
+        runner_options = {"rl_return_past_limit": ("return_past_limit", bool),
+                          "rl_noisy_max_repeat": ("noisy_max_repeat", lambda v: None if v is None else int(v)),
+                          "rl_noisy_growth_noise": ("noisy_growth_noise", float)}
+        if runner_options.keys() & self.opts.keys():  # this job's own copy (the loaded runner is per process)
             self.runner = copy.copy(self.runner)
-            self.runner.return_past_limit = bool(self.opts["rl_return_past_limit"])
+            for option, (attr, kind) in runner_options.items():
+                if option in self.opts:
+                    setattr(self.runner, attr, kind(self.opts[option]))
         self.fs = FeatureState(spec.names)
         self.fs.scaling = self._scaling_memory()
         self.last_action = "hold"

@@ -93,6 +93,11 @@ class RLPolicyRunner:
     #: an operator past its measured limit, measured no faster there than at the limit, goes back to it
     #: (``_past_limit``)
     return_past_limit: bool = False
+    #: an operator whose measured capacity is noisier than ``noisy_growth_noise`` (``ScalingMemory.noise``)
+    #: grows by at most this many slots per move (None: ``max_repeat``, as any other). Live, the contended
+    #: lookup (counters swinging 4-8x) went 4 -> 8 slots in one move before any limit could be measured
+    noisy_max_repeat: int | None = None
+    noisy_growth_noise: float = 0.15
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -228,8 +233,12 @@ class RLPolicyRunner:
                 return new, f"+1 {first}, +1 {second}: tied at the bottleneck"
         # the net picks the operator; the measured rates say how many slots the move gives it
         most = self.max_repeat
-        if 1 <= a <= min(K_MAX, len(specs)) and specs[a - 1].name in limits:
-            most = max(1, min(most, limits[specs[a - 1].name] - alloc[specs[a - 1].name]))
+        if 1 <= a <= min(K_MAX, len(specs)):
+            name = specs[a - 1].name
+            if name in limits:
+                most = max(1, min(most, limits[name] - alloc[name]))
+            if self.noisy_max_repeat is not None and fs.scaling.noise.get(name, 0.0) > self.noisy_growth_noise:
+                most = min(most, self.noisy_max_repeat)  # its counters cannot tell a big step's overshoot
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound)
         fs.tick()
@@ -289,7 +298,6 @@ class RLPolicyRunner:
         fs.tick()
         fs.note_action(alloc, new)
         return new, f"{k - alloc[name]:+d} {name}: to {k} slots, {why} (capacity {fs.scaling.describe(name)})"
-
 
     @staticmethod
     def _past_limit(alloc: Allocation, specs: Sequence[OpSpec], fs: FeatureState,

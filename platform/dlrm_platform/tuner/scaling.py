@@ -217,7 +217,7 @@ class ScalingMemory:
         if k not in curve or not below:
             return True
         j = max(below)
-        return curve[k] >= curve[j] * (1.0 + self.share_of_linear_gain * (k / j - 1.0))
+        return curve[k] >= self._paid_line(curve[j], j, k)
 
     def limit(self, name: str) -> int | None:
         """The slots ``k`` of ``name`` from which the next larger count measured did not pay (the
@@ -228,7 +228,7 @@ class ScalingMemory:
             if self._delivered_rose(name, k, k2):
                 return False  # its counters say no, what the pipeline delivered says yes
             if self.measured_often(name, k2):
-                return curve[k2] < curve[k] * (1.0 + self.share_of_linear_gain * (k2 / k - 1.0))
+                return curve[k2] < self._paid_line(curve[k], k, k2)
             return curve[k2] < curve[k] * (1.0 - self.drop)  # fewer measurements: only a clear drop counts
 
         ks = sorted(curve)
@@ -262,19 +262,25 @@ class ScalingMemory:
         curve = self.curves.get(name, {})
         (c, d, _), (c2, d2, _) = ((curve[j][0], curve[j][3], 0) if j in curve else held.points[j]
                                   for j in (held.k, held.k2))
-        if self.delivered_margin is not None and d is not None and d2 is not None \
-                and d2 > d * (1.0 + self.delivered_margin):
+        if self._rose(d, d2):
             return False
         if held.k2 in curve and not self.measured_often(name, held.k2):
             return True
-        line = c * (1.0 + self.share_of_linear_gain * (held.k2 / held.k - 1.0))
-        return c2 < line * (1.0 + self.limit_hysteresis)
+        return c2 < self._paid_line(c, held.k, held.k2) * (1.0 + self.limit_hysteresis)
+
+    def _paid_line(self, capacity: float, k: int, k2: int) -> float:
+        """The capacity at ``k2`` slots that counts as paid from ``capacity`` at ``k``: the share of
+        the linear model's gain :meth:`limit` asks for."""
+        return capacity * (1.0 + self.share_of_linear_gain * (k2 / k - 1.0))
+
+    def _rose(self, d: float | None, d2: float | None) -> bool:
+        """Delivered samples/s rose from ``d`` to ``d2`` by more than ``delivered_margin``."""
+        return self.delivered_margin is not None and d is not None and d2 is not None \
+            and d2 > d * (1.0 + self.delivered_margin)
 
     def _delivered_rose(self, name: str, k: int, k2: int) -> bool:
-        if self.delivered_margin is None:
-            return False
         d = self.delivered(name)
-        return k in d and k2 in d and d[k2] > d[k] * (1.0 + self.delivered_margin)
+        return self._rose(d.get(k), d.get(k2))
 
     def better(self, name: str, now: int, margin: float) -> int | None:
         """The slot count that measured the most capacity, if it beat the capacity at ``now`` by more
