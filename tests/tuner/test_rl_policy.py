@@ -116,6 +116,27 @@ def test_with_noisy_max_repeat_an_operator_with_noisy_counters_grows_by_fewer_sl
         assert is_feasible(new, specs, 12.0)
 
 
+def test_with_slope_sized_growth_a_move_grows_by_the_share_of_a_linear_gain_the_last_step_added():
+    """Live, the contended lookup measured 5,106 at 5 and 5,472 at 7 slots, and the linear model's
+    move took it +4 to 11. With ``slope_sized_growth`` the last measured step's share of a linear gain
+    scales the move: 4 slots at 500/s after 2 at 300 added 0.8 of linear (3 slots of the 4); after 2 at
+    390, 0.44 (one slot); nothing below measured: the linear model's 4."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 4, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 500.0, "c": 2000.0}, alloc, 500.0)
+    for below, expect_b in ((300.0, 7), (390.0, 5), (None, 8)):
+        runner = _AlwaysWants(2)
+        runner.slope_sized_growth = True
+        fs = FeatureState(["a", "b", "c"])
+        if below is not None:
+            for _ in range(3):
+                fs.scaling.record({"b": 2}, {"b": below})
+        for _ in range(3):
+            fs.scaling.record({"b": 4}, {"b": 500.0})
+        new, _ = runner.act(obs, alloc, specs, 12.0, fs)
+        assert new["b"] == expect_b, below
+
+
 def test_a_hold_is_overridden_only_where_the_measured_rates_predict_a_large_gain():
     specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
     alloc = {"a": 4, "b": 4, "c": 4}
@@ -267,12 +288,15 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
 
     specs = [OpSpec("a", 1.0, initial=2), OpSpec("b", 1.0, initial=2)]
     opts = {"rl_return_past_limit": True, "rl_limit_hysteresis": None, "rl_delivered_window_s": None,
-            "rl_noisy_max_repeat": 2, "rl_noisy_growth_noise": 0.2}
+            "rl_noisy_max_repeat": 2, "rl_noisy_growth_noise": 0.2, "rl_delivered_max_age": 30,
+            "rl_slope_sized_growth": True}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
     assert (with_options.runner.noisy_max_repeat, with_options.runner.noisy_growth_noise) == (2, 0.2)
     assert plain.runner.noisy_max_repeat == RLPolicyRunner.noisy_max_repeat
+    assert with_options.fs.scaling.delivered_max_age == 30 and with_options.runner.slope_sized_growth
+    assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
     assert plain.fs.scaling.limit_hysteresis == RLPolicyRunner.limit_hysteresis == 0.1

@@ -641,6 +641,30 @@ def test_with_limit_hysteresis_a_held_limit_goes_with_its_points_expiry_or_a_del
     assert delivered.limit("a") is None
 
 
+def test_with_delivered_max_age_only_points_measured_close_in_time_compare_their_delivered_rates():
+    """Live (run 33, round 2), 4 lookup slots held their limit (5 did not pay) for 50 s while the
+    pipeline's delivered rate drifted: 15% below what 5's one window had read, which freed the limit
+    (+4 to 8). With ``delivered_max_age`` a delivered rise counts only between figures measured within
+    that many steps of each other."""
+    def memory(max_age):
+        mem = _hysteresis_memory(delivered_margin=0.15, delivered_max_age=max_age, horizon_above=90)
+        for _ in range(3):
+            mem.record({"a": 4}, {"a": 5600.0}, delivered=5600.0)
+        for _ in range(3):
+            mem.record({"a": 5}, {"a": 5000.0}, delivered=5800.0)
+        assert mem.limit("a") == 4
+        for _ in range(40):  # back at 4: its counters as before, the pipeline slower than 50 s ago
+            mem.record({"a": 4}, {"a": 5600.0}, delivered=4800.0)
+        return mem
+
+    assert memory(None).limit("a") is None  # 5,800 against 4,800: "rose", across 40 steps
+    assert memory(30).limit("a") == 4
+    fresh = memory(30)
+    for _ in range(3):  # measured again now, 5 delivers more than 4 does now: no limit
+        fresh.record({"a": 5}, {"a": 5000.0}, delivered=5800.0)
+    assert fresh.limit("a") is None
+
+
 def test_with_delivered_window_s_a_point_keeps_the_long_window_delivered_once_unchanged_that_long():
     """Live, one window of the contended pipeline read 1,900-9,100 samples/s at fixed slots and such a
     burst cancelled the lookup's measured limit: with ``delivered_window_s`` the sink's 5 s figure is

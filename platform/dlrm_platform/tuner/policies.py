@@ -713,7 +713,8 @@ class RLPolicy(Policy):
                                                             self.runner.measure_after_delivery_s))
         runner_options = {"rl_return_past_limit": ("return_past_limit", bool),
                           "rl_noisy_max_repeat": ("noisy_max_repeat", lambda v: None if v is None else int(v)),
-                          "rl_noisy_growth_noise": ("noisy_growth_noise", float)}
+                          "rl_noisy_growth_noise": ("noisy_growth_noise", float),
+                          "rl_slope_sized_growth": ("slope_sized_growth", bool)}
         if runner_options.keys() & self.opts.keys():  # this job's own copy (the loaded runner is per process)
             self.runner = copy.copy(self.runner)
             for option, (attr, kind) in runner_options.items():
@@ -760,11 +761,17 @@ class RLPolicy(Policy):
                              rescale_since=bool(self.opts.get("rl_rescale_since", False)),
                              limit_hysteresis=self._optional_float("rl_limit_hysteresis", self.runner.limit_hysteresis),
                              delivered_window_s=self._optional_float("rl_delivered_window_s",
-                                                                     self.runner.scaling_delivered_window_s))
+                                                                     self.runner.scaling_delivered_window_s),
+                             delivered_max_age=self._optional_int("rl_delivered_max_age",
+                                                                  self.runner.scaling_delivered_max_age))
 
     def _optional_float(self, option: str, default: float | None) -> float | None:
         value = self.opts.get(option, default)
         return None if value is None else float(value)
+
+    def _optional_int(self, option: str, default: int | None) -> int | None:
+        value = self.opts.get(option, default)
+        return None if value is None else int(value)
 
     def on_block_rows_change(self) -> None:
         self.fs.scaling = self._scaling_memory()

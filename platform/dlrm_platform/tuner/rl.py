@@ -90,6 +90,9 @@ class RLPolicyRunner:
     #: samples/s mean (5,050-6,300) with both against 5,050 (3,900-6,050) without; wide_skewed 6,540 /
     #: 6,660 against 7,110 / 6,300. Simulated they cost 0.003 on held-out pipelines (tuner/README.md, runs 24-31)
     scaling_delivered_window_s: float | None = 5.0
+    #: two points' delivered samples/s compare only where measured within this many steps of each other
+    #: (``ScalingMemory.delivered_max_age``; None: whenever)
+    scaling_delivered_max_age: int | None = None
     #: an operator past its measured limit, measured no faster there than at the limit, goes back to it
     #: (``_past_limit``)
     return_past_limit: bool = False
@@ -98,6 +101,11 @@ class RLPolicyRunner:
     #: lookup (counters swinging 4-8x) went 4 -> 8 slots in one move before any limit could be measured
     noisy_max_repeat: int | None = None
     noisy_growth_noise: float = 0.15
+    #: a move grows an operator by the linear model's slots times the share of a linear gain its last
+    #: measured step added (``ScalingMemory.marginal_share``; at least one slot): its measured scaling,
+    #: not the linear model alone, sizes the move. Live, the contended lookup measured 5,106 at 5 and
+    #: 5,472 at 7 slots (a quarter of a linear gain) and went +4 to 11 (off: False)
+    slope_sized_growth: bool = False
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -239,6 +247,8 @@ class RLPolicyRunner:
                 most = max(1, min(most, limits[name] - alloc[name]))
             if self.noisy_max_repeat is not None and fs.scaling.noise.get(name, 0.0) > self.noisy_growth_noise:
                 most = min(most, self.noisy_max_repeat)  # its counters cannot tell a big step's overshoot
+            if self.slope_sized_growth and (share := fs.scaling.marginal_share(name, alloc[name])) is not None:
+                most = max(1, min(most, int(most * max(share, 0.0))))
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound)
         fs.tick()

@@ -67,7 +67,8 @@ class ScalingMemory:
                  noise_k: float = 0.0, noise_alpha: float = 0.2,
                  shift_rescales: bool = False, horizon_above: int | None = None,
                  delivered_margin: float | None = None, rescale_since: bool = False,
-                 limit_hysteresis: float | None = None, delivered_window_s: float | None = None):
+                 limit_hysteresis: float | None = None, delivered_window_s: float | None = None,
+                 delivered_max_age: int | None = None):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements,
         #: smoothed samples/s the pipeline delivered while it was measured there, None where not given)
         self.curves: dict[str, dict[int, tuple[float, int, int, float | None]]] = {n: {} for n in names}
@@ -107,6 +108,11 @@ class ScalingMemory:
         #: one window of the contended pipeline read 1,900-9,100 samples/s at fixed slots, and such a burst
         #: cancelled the lookup's measured limit through ``delivered_margin`` (run 25)
         self.delivered_window_s = delivered_window_s
+        #: ``delivered_margin`` compares two points' delivered samples/s only where they were measured within
+        #: this many steps of each other (None: whenever). Live, the pipeline's delivered rate drifts: 50 s
+        #: after 5 lookup slots were measured, the 4 held since read 15% below them and freed the limit
+        #: (run 33, round 2: +4 to 8)
+        self.delivered_max_age = delivered_max_age
         #: operator -> the limit held (``limit_hysteresis``)
         self.held: dict[str, HeldLimit] = {}
         self.step = 0
@@ -260,9 +266,9 @@ class ScalingMemory:
         if self.step - held.step > (self.horizon_above or self.horizon):
             return False
         curve = self.curves.get(name, {})
-        (c, d, _), (c2, d2, _) = ((curve[j][0], curve[j][3], 0) if j in curve else held.points[j]
-                                  for j in (held.k, held.k2))
-        if self._rose(d, d2):
+        (c, d, t), (c2, d2, t2) = ((curve[j][0], curve[j][3], curve[j][1]) if j in curve else held.points[j]
+                                   for j in (held.k, held.k2))
+        if self._rose(d, d2, t, t2):
             return False
         if held.k2 in curve and not self.measured_often(name, held.k2):
             return True
@@ -273,14 +279,19 @@ class ScalingMemory:
         the linear model's gain :meth:`limit` asks for."""
         return capacity * (1.0 + self.share_of_linear_gain * (k2 / k - 1.0))
 
-    def _rose(self, d: float | None, d2: float | None) -> bool:
-        """Delivered samples/s rose from ``d`` to ``d2`` by more than ``delivered_margin``."""
+    def _rose(self, d: float | None, d2: float | None, t: int, t2: int) -> bool:
+        """Delivered samples/s rose from ``d`` (measured last at step ``t``) to ``d2`` (at ``t2``) by more
+        than ``delivered_margin``, the two measured within ``delivered_max_age`` steps of each other."""
+        if self.delivered_max_age is not None and abs(t - t2) > self.delivered_max_age:
+            return False
         return self.delivered_margin is not None and d is not None and d2 is not None \
             and d2 > d * (1.0 + self.delivered_margin)
 
     def _delivered_rose(self, name: str, k: int, k2: int) -> bool:
-        d = self.delivered(name)
-        return self._rose(d.get(k), d.get(k2))
+        curve = self.curves.get(name, {})
+        if k not in curve or k2 not in curve:
+            return False
+        return self._rose(curve[k][3], curve[k2][3], curve[k][1], curve[k2][1])
 
     def better(self, name: str, now: int, margin: float) -> int | None:
         """The slot count that measured the most capacity, if it beat the capacity at ``now`` by more
@@ -310,6 +321,16 @@ class ScalingMemory:
         if target >= now or any(target <= k < now for k in curve):
             return None
         return target
+
+    def marginal_share(self, name: str, k: int) -> float | None:
+        """What the last slots up to ``k`` added per slot, as a share of ``name``'s mean capacity per slot
+        at ``k`` (1: linear; from ``k`` and the next smaller count measured; None where either is not)."""
+        curve = self.settled(name)
+        below = [j for j in curve if j < k]
+        if k not in curve or not below or curve[k] <= 0:
+            return None
+        j = max(below)
+        return ((curve[k] - curve[j]) / (k - j)) / (curve[k] / k)
 
     def describe(self, name: str) -> str:
         curve = self.settled(name)
