@@ -759,19 +759,17 @@ class RLPolicy(Policy):
                              shift_rescales=rescale, horizon_above=self.runner.scaling_horizon_above,
                              delivered_margin=self.runner.scaling_delivered_margin,
                              rescale_since=bool(self.opts.get("rl_rescale_since", False)),
-                             limit_hysteresis=self._optional_float("rl_limit_hysteresis", self.runner.limit_hysteresis),
-                             delivered_window_s=self._optional_float("rl_delivered_window_s",
-                                                                     self.runner.scaling_delivered_window_s),
-                             delivered_max_age=self._optional_int("rl_delivered_max_age",
-                                                                  self.runner.scaling_delivered_max_age))
+                             limit_hysteresis=self._optional("rl_limit_hysteresis", self.runner.limit_hysteresis,
+                                                             float),
+                             delivered_window_s=self._optional("rl_delivered_window_s",
+                                                               self.runner.scaling_delivered_window_s, float),
+                             delivered_max_age=self._optional("rl_delivered_max_age",
+                                                              self.runner.scaling_delivered_max_age, int))
 
-    def _optional_float(self, option: str, default: float | None) -> float | None:
+    def _optional(self, option: str, default: float | int | None, kind: type) -> float | int | None:
+        """Option ``option`` (else ``default``) as ``kind``; None stays None (the option off)."""
         value = self.opts.get(option, default)
-        return None if value is None else float(value)
-
-    def _optional_int(self, option: str, default: int | None) -> int | None:
-        value = self.opts.get(option, default)
-        return None if value is None else int(value)
+        return None if value is None else kind(value)
 
     def on_block_rows_change(self) -> None:
         self.fs.scaling = self._scaling_memory()

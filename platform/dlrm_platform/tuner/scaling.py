@@ -50,6 +50,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
+def _next_below(curve: Mapping[int, float], k: int) -> int | None:
+    """The largest slot count in ``curve`` smaller than ``k`` (None where there is none)."""
+    return max((j for j in curve if j < k), default=None)
+
+
 @dataclass
 class HeldLimit:
     """Growing an operator from ``k`` to ``k2`` slots was measured not to pay, last at ``step``;
@@ -219,10 +224,9 @@ class ScalingMemory:
         model's gain that :meth:`limit` asks for, on however few measurements ``k`` has (True where
         nothing smaller, or ``k`` itself, is measured)."""
         curve = self.settled(name)
-        below = [j for j in curve if j < k]
-        if k not in curve or not below:
+        j = _next_below(curve, k)
+        if k not in curve or j is None:
             return True
-        j = max(below)
         return curve[k] >= self._paid_line(curve[j], j, k)
 
     def limit(self, name: str) -> int | None:
@@ -326,10 +330,9 @@ class ScalingMemory:
         """What the last slots up to ``k`` added per slot, as a share of ``name``'s mean capacity per slot
         at ``k`` (1: linear; from ``k`` and the next smaller count measured; None where either is not)."""
         curve = self.settled(name)
-        below = [j for j in curve if j < k]
-        if k not in curve or not below or curve[k] <= 0:
+        j = _next_below(curve, k)
+        if k not in curve or j is None or curve[k] <= 0:
             return None
-        j = max(below)
         return ((curve[k] - curve[j]) / (k - j)) / (curve[k] / k)
 
     def describe(self, name: str) -> str:
