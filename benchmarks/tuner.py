@@ -848,57 +848,58 @@ def simulated_suite(pipe: PipelineDef, policies: list[str], args) -> dict:
             out[f"rl_vs_{base}"] = rl / out["throughput"][base]
     return out
 
-def _run_dir(root: Path, name: str) -> Path:
-    """A fresh directory of its own under ``root`` for one simulated run's control files."""
-    path = root / name
-    path.mkdir()
-    return path
-
 
 def _simulate_policy(pipe: PipelineDef, pol: str, args, steps: int, tmp: Path, out: dict) -> None:
     """One policy's simulated runs (3 seeds; then 3 with the cost shift) into ``out``."""
-    from dlrm_platform.tuner.simulator import run_controller_in_sim
-    from dlrm_platform.tuner.spec import TunerSpec
-
-    opts = dict(RL_OPTIONS) if pol == "rl" else {}
     if pol == "ray_default":
         return  # Ray's own autoscaler is not simulated
+    opts = dict(RL_OPTIONS) if pol == "rl" else {}
+    extra = 0
     if pol == "oracle":
         opts = {"oracle_candidates": oracle_shortlist(pipe, args.oracle_k), "oracle_measure_s": 5.0}
-    extra = int(args.oracle_k * 5 + 10) if pol == "oracle" else 0
+        extra = int(args.oracle_k * 5 + 10)
+        if pipe.max_rows_per_block:
+            extra += int(len(block_row_sizes(pipe)) * 13 + 30)
     vals, t95s = [], []
-    if pol == "oracle" and pipe.max_rows_per_block:
-        extra += int(len(block_row_sizes(pipe)) * 13 + 30)
     for seed in range(3):
-        sim = from_profile(pipe.ground_truth())
-        spec = TunerSpec(f"sim-{pol}", pol, sim.budget, pipe.op_specs(), options=dict(opts),
-                         policy_path=args.rl_policy if pol == "rl" else None,
-                         block_rows=block_rows_spec(pipe, _run_dir(tmp, f"{pol}-{seed}")))
-        tr = run_controller_in_sim(sim, spec, steps=steps + extra, seed=seed)
-        thr = np.array([x["throughput"] for x in tr])
+        thr, _ = _sim_trace(pipe, pol, opts, args, tmp, seed, steps + extra)
         final = float(thr[int(0.6 * len(thr)):].mean())
         vals.append(final)
-        hit = np.flatnonzero(thr >= 0.95 * final)
-        t95s.append(float(hit[0] + 1) if len(hit) else None)
+        t95s.append(_seconds_to(thr, 0.95 * final))
     out["throughput"][pol] = float(np.mean(vals))
     out["seconds_to_95pct"][pol] = float(np.mean([t for t in t95s if t is not None])) if any(t95s) else None
     if pipe.shift is not None and pol != "oracle":
+        at = int(pipe.shift.at_s)
         recs, posts = [], []
         for seed in range(3):
-            sim = from_profile(pipe.ground_truth())
-            spec = TunerSpec(f"sims-{pol}", pol, sim.budget, pipe.op_specs(), options=dict(opts),
-                             policy_path=args.rl_policy if pol == "rl" else None,
-                             block_rows=block_rows_spec(pipe, _run_dir(tmp, f"{pol}-shift-{seed}")))
-            at = int(pipe.shift.at_s)
-            tr = run_controller_in_sim(sim, spec, steps=int(args.shift_run_s), seed=seed, shift_at=at,
-                                       shift=(pipe.shift.operator, pipe.shift.factor))
-            thr = np.array([x["throughput"] for x in tr])
+            thr, t_opt = _sim_trace(pipe, pol, opts, args, tmp, seed, int(args.shift_run_s), shift_at=at)
             post = float(thr[at + int(0.6 * (len(thr) - at)):].mean())
-            hit = np.flatnonzero(thr[at:] >= 0.95 * post)
-            recs.append(float(hit[0] + 1) if len(hit) else None)
+            recs.append(_seconds_to(thr[at:], 0.95 * post))
             posts.append(post)
         out["shift"][pol] = {"recovered_samples_per_s": float(np.mean(posts)), "recovery_s": recs,
-                             "post_shift_optimum": tr[-1]["t_opt"]}
+                             "post_shift_optimum": t_opt}
+
+
+def _sim_trace(pipe: PipelineDef, pol: str, opts: dict, args, tmp: Path, seed: int, steps: int,
+               shift_at: int | None = None) -> tuple[np.ndarray, float]:
+    """One simulated run of ``pol``: its samples/s per step and the (post-shift) optimum at the end; the
+    control files in a directory of its own under ``tmp``; the YAML's cost shift at ``shift_at``."""
+    from dlrm_platform.tuner.simulator import run_controller_in_sim
+    from dlrm_platform.tuner.spec import TunerSpec
+
+    sim = from_profile(pipe.ground_truth())
+    spec = TunerSpec(f"{'sims' if shift_at is not None else 'sim'}-{pol}", pol, sim.budget, pipe.op_specs(),
+                     options=dict(opts), policy_path=args.rl_policy if pol == "rl" else None,
+                     block_rows=block_rows_spec(pipe, Path(tempfile.mkdtemp(dir=tmp))))
+    shift = (pipe.shift.operator, pipe.shift.factor) if shift_at is not None else None
+    tr = run_controller_in_sim(sim, spec, steps=steps, seed=seed, shift_at=shift_at, shift=shift)
+    return np.array([x["throughput"] for x in tr]), tr[-1]["t_opt"]
+
+
+def _seconds_to(thr: np.ndarray, level: float) -> float | None:
+    """Steps (one per second) until a simulated run first reached ``level`` (None: never)."""
+    hit = np.flatnonzero(thr >= level)
+    return float(hit[0] + 1) if len(hit) else None
 
 
 ABLATION_RUNNERS = ("net", "no_net", "random_net")
