@@ -116,6 +116,25 @@ def test_with_noisy_max_repeat_an_operator_with_noisy_counters_grows_by_fewer_sl
         assert is_feasible(new, specs, 12.0)
 
 
+def test_with_one_slot_after_release_an_operator_whose_limit_ended_grows_by_one_slot_then_as_before():
+    """Live, the contended lookup's limit (5 -> 8 did not pay) expired with its point while the lookup ran
+    at 8, and the linear model's next move took it +4 to 12. With ``one_slot_after_release`` an operator
+    whose limit ended grows by one slot; once grown, its moves are sized as before."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 4, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 500.0, "c": 2000.0}, alloc, 500.0)
+    for on, expect_b in ((True, 5), (False, 8)):
+        runner = _AlwaysWants(2)
+        runner.one_slot_after_release = on
+        fs = FeatureState(["a", "b", "c"])
+        fs.scaling.released.add("b")
+        new, _ = runner.act(obs, alloc, specs, 12.0, fs)
+        assert new["b"] == expect_b, on
+        assert "b" not in fs.scaling.released  # grown: the next move is sized by the rates again
+        new, _ = runner.act(obs, alloc, specs, 12.0, fs)
+        assert new["b"] == 8, on
+
+
 def test_with_slope_sized_growth_a_move_grows_by_the_share_of_a_linear_gain_the_last_step_added():
     """Live, the contended lookup measured 5,106 at 5 and 5,472 at 7 slots, and the linear model's
     move took it +4 to 11. With ``slope_sized_growth`` the last measured step's share of a linear gain
@@ -289,13 +308,14 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     specs = [OpSpec("a", 1.0, initial=2), OpSpec("b", 1.0, initial=2)]
     opts = {"rl_return_past_limit": True, "rl_limit_hysteresis": None, "rl_delivered_window_s": None,
             "rl_noisy_max_repeat": 2, "rl_noisy_growth_noise": 0.2, "rl_delivered_max_age": 30,
-            "rl_slope_sized_growth": True}
+            "rl_slope_sized_growth": True, "rl_one_slot_after_release": True}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
     assert (with_options.runner.noisy_max_repeat, with_options.runner.noisy_growth_noise) == (2, 0.2)
     assert plain.runner.noisy_max_repeat == RLPolicyRunner.noisy_max_repeat
     assert with_options.fs.scaling.delivered_max_age == 30 and with_options.runner.slope_sized_growth
+    assert with_options.runner.one_slot_after_release and not plain.runner.one_slot_after_release
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None

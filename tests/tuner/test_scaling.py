@@ -626,9 +626,30 @@ def test_with_limit_hysteresis_a_held_limit_goes_with_its_points_expiry_or_a_del
     _measure(expiring, "a", 4, 4000.0)
     _measure(expiring, "a", 6, 4000.0)
     assert expiring.limit("a") == 4
+    assert not expiring.released
     for _ in range(6):  # 4, below the count it runs at, expires: the limit with it
         expiring.record({"a": 6}, {"a": 4000.0})
     assert 4 not in expiring.curves["a"] and expiring.limit("a") is None
+    assert expiring.released == {"a"}  # running past it, what lies past it is unknown again
+
+
+def test_only_a_limit_of_two_slots_or_more_expiring_below_the_operator_marks_it_released():
+    """``released`` (rl's ``one_slot_after_release``): the limit's lower point expired while the operator
+    ran past it. Not where the point above expired (the operator at the limit), nor for a one-slot step,
+    whose "did not pay" lies within a linear operator's noise."""
+    def expire(below: int, above: int, runs_at: int) -> ScalingMemory:
+        mem = _hysteresis_memory(horizon=5, horizon_above=5)
+        _measure(mem, "a", below, 4000.0)
+        _measure(mem, "a", above, 4000.0)
+        assert mem.limit("a") == below
+        for _ in range(7):
+            mem.record({"a": runs_at}, {"a": 4000.0})
+        assert mem.limit("a") is None
+        return mem
+
+    assert expire(4, 6, runs_at=6).released == {"a"}
+    assert not expire(4, 5, runs_at=5).released
+    assert not expire(4, 6, runs_at=4).released
 
     delivered = _hysteresis_memory(delivered_margin=0.15)
     for _ in range(3):
@@ -638,7 +659,7 @@ def test_with_limit_hysteresis_a_held_limit_goes_with_its_points_expiry_or_a_del
     assert delivered.limit("a") == 3
     for _ in range(3):  # the counters still say no, the pipeline delivered clearly more: no limit
         delivered.record({"a": 4}, {"a": 2239.0}, delivered=4500.0)
-    assert delivered.limit("a") is None
+    assert delivered.limit("a") is None and not delivered.released  # freed by evidence, not by age
 
 
 def test_with_delivered_max_age_only_points_measured_close_in_time_compare_their_delivered_rates():

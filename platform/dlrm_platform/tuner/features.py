@@ -59,6 +59,8 @@ class FeatureState:
             if before.get(n) != after.get(n):
                 self.steps_since_change[n] = 0
                 changed = True
+                if after.get(n, 0) > before.get(n, 0):
+                    self.scaling.released.discard(n)  # grown: its next limit is measured afresh
         if changed:
             self.steps_since_action = 0
 

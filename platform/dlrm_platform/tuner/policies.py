@@ -714,7 +714,8 @@ class RLPolicy(Policy):
         runner_options = {"rl_return_past_limit": ("return_past_limit", bool),
                           "rl_noisy_max_repeat": ("noisy_max_repeat", lambda v: None if v is None else int(v)),
                           "rl_noisy_growth_noise": ("noisy_growth_noise", float),
-                          "rl_slope_sized_growth": ("slope_sized_growth", bool)}
+                          "rl_slope_sized_growth": ("slope_sized_growth", bool),
+                          "rl_one_slot_after_release": ("one_slot_after_release", bool)}
         if runner_options.keys() & self.opts.keys():  # this job's own copy (the loaded runner is per process)
             self.runner = copy.copy(self.runner)
             for option, (attr, kind) in runner_options.items():

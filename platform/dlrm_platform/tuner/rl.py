@@ -106,6 +106,13 @@ class RLPolicyRunner:
     #: not the linear model alone, sizes the move. Live, the contended lookup measured 5,106 at 5 and
     #: 5,472 at 7 slots (a quarter of a linear gain) and went +4 to 11 (off: False)
     slope_sized_growth: bool = False
+    #: an operator left running past a limit whose lower point then expired (``ScalingMemory.released``) grows
+    #: by one slot at its next move, not by the linear model's slots: live, the contended lookup ran at 8 past
+    #: a limit at 5-6 (a step of 2-3 slots that did not pay); 30 steps after 5-6 was last measured the limit
+    #: expired with it and the linear model grew the lookup +4 to 12 (4,500-4,550 samples/s where 7-9 slots
+    #: delivered 5,400-5,800). Only a step of two slots or more: a one-slot step's "did not pay" (1.4% at 18
+    #: slots) is within a linear operator's noise, and one slot at a time held simulated ones back
+    one_slot_after_release: bool = False
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -249,6 +256,8 @@ class RLPolicyRunner:
                 most = min(most, self.noisy_max_repeat)  # its counters cannot tell a big step's overshoot
             if self.slope_sized_growth and (share := fs.scaling.marginal_share(name, alloc[name])) is not None:
                 most = max(1, min(most, int(most * max(share, 0.0))))
+            if self.one_slot_after_release and name in fs.scaling.released:
+                most = 1
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound)
         fs.tick()

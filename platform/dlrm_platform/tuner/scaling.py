@@ -120,6 +120,9 @@ class ScalingMemory:
         self.delivered_max_age = delivered_max_age
         #: operator -> the limit held (``limit_hysteresis``)
         self.held: dict[str, HeldLimit] = {}
+        #: operators whose held limit of a step of two slots or more expired with its lower point while they
+        #: ran past it, and that have not grown since (rl's ``one_slot_after_release``)
+        self.released: set[str] = set()
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None],
@@ -141,6 +144,10 @@ class ScalingMemory:
                     # its evidence as old as the memory keeps any: kept on, a gradual cost shift held a
                     # simulated operator below its new optimum for the rest of the run
                     del self.held[name]
+                    if old == held.k < k and held.k2 - held.k >= 2:
+                        # the operator runs past the limit, and what lies past it is known again only
+                        # by measuring it (rl's ``one_slot_after_release``)
+                        self.released.add(name)
             seen = curve.get(k)
             dev = abs(cap / seen[0] - 1.0) if seen is not None and seen[0] > 0 else None
             if dev is not None and dev > self.shift_tolerance:
