@@ -632,6 +632,16 @@ def test_with_limit_hysteresis_a_held_limit_goes_with_its_points_expiry_or_a_del
     assert 4 not in expiring.curves["a"] and expiring.limit("a") is None
     assert expiring.released == {"a"}  # running past it, what lies past it is unknown again
 
+    delivered = _hysteresis_memory(delivered_margin=0.15)
+    for _ in range(3):
+        delivered.record({"a": 3}, {"a": 3173.0}, delivered=3000.0)
+    for _ in range(3):
+        delivered.record({"a": 4}, {"a": 2239.0}, delivered=3100.0)
+    assert delivered.limit("a") == 3
+    for _ in range(3):  # the counters still say no, the pipeline delivered clearly more: no limit
+        delivered.record({"a": 4}, {"a": 2239.0}, delivered=4500.0)
+    assert delivered.limit("a") is None and not delivered.released  # freed by evidence, not by age
+
 
 def test_only_a_limit_of_two_slots_or_more_expiring_below_the_operator_marks_it_released():
     """``released`` (rl's ``one_slot_after_release``): the limit's lower point expired while the operator
@@ -650,16 +660,6 @@ def test_only_a_limit_of_two_slots_or_more_expiring_below_the_operator_marks_it_
     assert expire(4, 6, runs_at=6).released == {"a"}
     assert not expire(4, 5, runs_at=5).released
     assert not expire(4, 6, runs_at=4).released
-
-    delivered = _hysteresis_memory(delivered_margin=0.15)
-    for _ in range(3):
-        delivered.record({"a": 3}, {"a": 3173.0}, delivered=3000.0)
-    for _ in range(3):
-        delivered.record({"a": 4}, {"a": 2239.0}, delivered=3100.0)
-    assert delivered.limit("a") == 3
-    for _ in range(3):  # the counters still say no, the pipeline delivered clearly more: no limit
-        delivered.record({"a": 4}, {"a": 2239.0}, delivered=4500.0)
-    assert delivered.limit("a") is None and not delivered.released  # freed by evidence, not by age
 
 
 def test_with_delivered_max_age_only_points_measured_close_in_time_compare_their_delivered_rates():
