@@ -33,9 +33,15 @@ final allocation (for ray_default, the tasks Ray ran) joins its finalists, measu
 as its own best: by construction its pick is at least as good as each of them. Its winner
 is then measured again over the steady state, and once more in a fresh run of ``--run-s`` with
 its pick held static, and so is every configuration a policy held while it measured above that
-(``--no-oracle-fresh-pick`` skips them): the oracle's figure is the best, because inside its own
-run, several times longer than the others' and switching configuration dozens of times, live a
-configuration measured up to ~45% below the same one fresh. Each figure is a mean over rounds with a 95%
+(``--no-oracle-fresh-pick`` skips them): the best of those is its winner (fresh runs take part because
+inside its own run, several times longer than the others' and switching configuration dozens of times,
+live a configuration measured up to ~45% below the same one fresh). The winner's figure comes from a run
+that did not select it: its pick's fresh run where nothing else ran fresh, else one more fresh run of the
+winner (the best of several noisy readings leans high: a biased ratio's denominator, a loose bound).
+With ``--oracle-search-rounds N`` only the first N rounds search; the later ones measure the last winner
+fresh beside the policies' runs (and any configuration a policy measured above it), so that many rounds
+of the ratio fit a sitting; rl's ratio to the oracle is also printed round by round with a 95% interval
+over rounds (each round runs both, so the ratio cancels the drift between rounds). Each figure is a mean over rounds with a 95%
 confidence interval from the run-to-run spread pooled over every policy's rounds, the oracle's included:
 with ``--rounds 2`` or more the check allows for the drift between runs, which on a shared machine is
 far wider than the 5 s intervals within one. With one round nothing is repeated, and each run's 5 s
@@ -321,29 +327,62 @@ def pick_pipeline(pipe: PipelineDef, config: dict) -> PipelineDef:
     return PipelineDef.model_validate(raw)
 
 
-def adopt_fresh_runs(oracle: dict, fresh: list[tuple[dict, dict]]) -> dict:
-    """The oracle's figure: the best of its search run's steady state and fresh runs of single
-    configurations held static (``fresh``: ``(configuration, run)`` pairs; its pick first).
+def oracle_winner(search: dict | None, fresh: list[tuple[dict, dict]]) -> tuple[dict, float, str]:
+    """The oracle's selection in one round: the configuration it settles on, the figure that selected it and
+    where that figure came from. The best of its search run's steady state (its pick's) and every fresh run
+    (``fresh``: ``(configuration, run)`` pairs, its pick first, then the challengers); crashed runs do not count.
 
     Every policy's figure is the last 40 s of a fresh 100 s run; the oracle's search run is 8-9x as
     long and switches configuration dozens of times, and inside it a configuration measured far
     below the same one fresh (per_task_overhead: its pick ~14,100 at the end of its run against
     16,020-16,920 fresh; rl's final configuration 9,625 in the oracle's finalist pass against 17,640
-    in rl's own run), so it stopped bounding the policies. The best of several measurements leans
-    high, the safe side for an upper bound."""
-    out = dict(oracle)
-    out["search_run"] = {k: oracle.get(k) for k in ("samples_per_s", "interval_samples_per_s", "seconds_to_95pct",
-                                                    "final_allocation", "final_block_rows")}
+    in rl's own run), so the fresh runs take part in the selection."""
+    pick = fresh[0][0]
+    best = (pick, float(search["samples_per_s"]), "search run") if search and search.get("samples_per_s") \
+        else (pick, -math.inf, "none")
+    for cfg, run in fresh:
+        if run.get("crash") is None and run.get("samples_per_s") is not None and run["samples_per_s"] > best[1]:
+            best = (cfg, float(run["samples_per_s"]), f"fresh run of {_config_text(cfg)}")
+    return best
+
+
+def needs_confirmation(fresh: list[tuple[dict, dict]]) -> bool:
+    """Whether the winner's figure must come from one more run: where anything beside the pick ran fresh, the
+    winner is whichever read highest, and the highest of several noisy readings leans high (the winner's
+    curse). Where only the pick ran fresh, its run was not used to choose it and is its figure."""
+    return len(fresh) > 1
+
+
+def adopt_fresh_runs(search: dict | None, fresh: list[tuple[dict, dict]], confirm: dict | None = None) -> dict:
+    """The oracle's result for one round: its winner (:func:`oracle_winner`) and the winner's figure, measured
+    by a run that did not select it: ``confirm`` (a fresh run of the winner, :func:`needs_confirmation`), else
+    the pick's fresh run. ``search``: its search run (None in a round that re-measures an earlier round's pick).
+
+    The figure is the ratio's denominator (rl / oracle) and the bound the oracle check compares every policy
+    with, and a best-of-several figure is biased high for the one and loose for the other: live, the oracle's
+    contended_lookup figures were the higher of its search run's and its fresh run's readings of one
+    configuration (5,700 over a fresh 5,500 in run 41). The selection itself is unchanged: every policy's held
+    configurations join it, so by construction nothing a policy ran is left unmeasured beside the winner."""
+    base = search if search is not None else {**fresh[0][1], "policy": "oracle"}
+    out = dict(base)
+    out["search_run"] = None if search is None else {k: search.get(k) for k in (
+        "samples_per_s", "interval_samples_per_s", "seconds_to_95pct", "final_allocation", "final_block_rows")}
     out["fresh_runs"] = [{"configuration": cfg, **{k: run.get(k) for k in (
         "samples_per_s", "interval_samples_per_s", "seconds_to_95pct", "stalls", "crash")}} for cfg, run in fresh]
-    out["figure_from"] = "search run"
-    best = oracle.get("samples_per_s") or 0.0
-    for cfg, run in fresh:
-        if run.get("crash") is None and run.get("samples_per_s") is not None and run["samples_per_s"] > best:
-            best = run["samples_per_s"]
-            out.update(samples_per_s=run["samples_per_s"], interval_samples_per_s=run["interval_samples_per_s"],
-                       final_allocation=cfg["allocation"], final_block_rows=cfg.get("block_rows"),
-                       figure_from=f"fresh run of {_config_text(cfg)}")
+    winner, selected, selected_from = oracle_winner(search, fresh)
+    out["selection"] = {"configuration": winner, "samples_per_s": selected, "from": selected_from}
+    figure_run, what = (confirm, "confirmation run") if confirm is not None else (fresh[0][1], "fresh run")
+    if figure_run.get("crash") is not None or figure_run.get("samples_per_s") is None:
+        # no unbiased figure this round: the selection's stands in, and says so
+        out.update(samples_per_s=selected if math.isfinite(selected) else 0.0, final_allocation=winner["allocation"],
+                   final_block_rows=winner.get("block_rows"),
+                   figure_from=f"{selected_from} (the {what} crashed: the selection's figure)")
+        return out
+    out["confirmation_run"] = None if confirm is None else {k: confirm.get(k) for k in (
+        "samples_per_s", "interval_samples_per_s", "seconds_to_95pct", "stalls", "crash")}
+    out.update(samples_per_s=figure_run["samples_per_s"], interval_samples_per_s=figure_run["interval_samples_per_s"],
+               final_allocation=winner["allocation"], final_block_rows=winner.get("block_rows"),
+               figure_from=f"{what} of {_config_text(winner)}")
     return out
 
 
@@ -617,10 +656,11 @@ def start_cluster(pipe: PipelineDef, kind: str):
     return cluster
 
 
-def oracle_fresh_runs(pipe: PipelineDef, kind: str, r: int, oracle: dict, results: dict[str, list[dict]],
-                      initial: dict, args) -> dict:
-    """The oracle's pick, then every challenger's configuration (``challengers``), each held static
-    in a fresh run of ``--run-s``; the oracle's figure is the best (``adopt_fresh_runs``)."""
+def oracle_fresh_runs(pipe: PipelineDef, kind: str, r: int, search: dict | None, results: dict[str, list[dict]],
+                      initial: dict, args, pick: dict | None = None) -> dict:
+    """The oracle's pick (its search run's, or ``pick``: an earlier round's winner, ``--oracle-search-rounds``),
+    then every challenger's configuration (``challengers``), each held static in a fresh run of ``--run-s``;
+    where challengers ran, the winner once more (``needs_confirmation``); ``adopt_fresh_runs`` makes the result."""
     def fresh_run(cfg: dict, what: str) -> dict:
         print(f"  [{kind} round {r + 1}] oracle, {what} fresh ({_config_text(cfg)}): {args.run_s:.0f} s ...",
               flush=True)
@@ -629,15 +669,31 @@ def oracle_fresh_runs(pipe: PipelineDef, kind: str, r: int, oracle: dict, result
         print(f"     {run['samples_per_s']:,.0f} samples/s", flush=True)
         return run
 
-    pick = final_configuration(oracle)
+    pick = pick or final_configuration(search)
     fresh = [(pick, fresh_run(pick, "its pick"))]
-    figure = adopt_fresh_runs(oracle, fresh)["samples_per_s"]
-    for cfg in challengers(results, figure, 0.4 * args.run_s, initial, skip=[pick]):
+    threshold = oracle_winner(None, fresh)[1]  # the pick's fresh reading (a crash: every policy challenges it)
+    for cfg in challengers(results, threshold, 0.4 * args.run_s, initial, skip=[pick]):
         fresh.append((cfg, fresh_run(cfg, "a configuration a policy measured above it")))
-    out = adopt_fresh_runs(oracle, fresh)
+    confirm = None
+    if needs_confirmation(fresh):
+        winner = oracle_winner(search, fresh)[0]
+        confirm = fresh_run(winner, "its winner again (its figure: a run that did not pick it)")
+    out = adopt_fresh_runs(search, fresh, confirm)
+    searched = "" if search is None else f"; its search run: {search['samples_per_s']:,.0f}"
     print(f"     the oracle's figure: {out['samples_per_s']:,.0f} samples/s from the {out['figure_from']}"
-          f" (its search run: {oracle['samples_per_s']:,.0f})", flush=True)
+          f" (selected by the {out['selection']['from']}, {out['selection']['samples_per_s']:,.0f}{searched})",
+          flush=True)
     return out
+
+
+def reuses_oracle_pick(r: int, args, results: dict[str, list[dict]]) -> bool:
+    """Round ``r`` (from 0) measures the oracle's earlier winner fresh instead of searching again: past the
+    first ``--oracle-search-rounds`` rounds (0: every round searches). The search establishes which
+    configuration is best; what the ratio to it needs after that is its figure measured in the same sitting
+    as the policies' rounds, often enough to average the drift between runs out (a search round takes 3-4
+    times as long as a policy's run)."""
+    searched = getattr(args, "oracle_search_rounds", 0) or 0
+    return 0 < searched <= r and bool(results.get("oracle")) and final_configuration(results["oracle"][-1]) is not None
 
 
 def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
@@ -663,6 +719,13 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
             # the oracle runs last: it re-measures every other policy's final allocation among its finalists
             order = [p for p in order if p != "oracle"] + (["oracle"] if "oracle" in order else [])
             for pol in order:
+                if pol == "oracle" and reuses_oracle_pick(r, args, results):
+                    # no search this round: the last round's winner, fresh, beside this round's challengers
+                    pick = final_configuration(results["oracle"][-1])
+                    print(f"  [{kind} round {r + 1}] oracle: no search (--oracle-search-rounds"
+                          f" {args.oracle_search_rounds}); the last round's winner {_config_text(pick)} fresh", flush=True)
+                    results[pol].append(oracle_fresh_runs(pipe, kind, r, None, results, initial, args, pick=pick))
+                    continue
                 must_beat = [c for p in order if p != pol and results[p]
                              for c in steady_configurations(results[p][-1], 0.4 * args.run_s, initial)]
                 must_beat = [a for i, a in enumerate(must_beat) if a and a not in must_beat[:i]]
@@ -718,6 +781,18 @@ def suite_run_noise(runs: dict[str, list[dict]]) -> dict:
                       for p, rs in runs.items()})
 
 
+def paired_ratios(runs: dict[str, list[dict]], policy: str = "rl", base: str = "oracle") -> dict | None:
+    """``policy``'s samples/s over ``base``'s round by round (each round runs both in one sitting, so a ratio
+    cancels the drift between rounds that the two means carry): the ratios, their mean and its 95%
+    half-width over rounds (Student t; infinite with one round). None where either did not run."""
+    pairs = [(a["samples_per_s"], b["samples_per_s"]) for a, b in zip(runs.get(policy, []), runs.get(base, []))
+             if a.get("samples_per_s") is not None and b.get("samples_per_s")]
+    if not pairs:
+        return None
+    ratios = [a / b for a, b in pairs]
+    return {"ratios": ratios, **mean_ci(ratios)}
+
+
 def summarise(pipe: PipelineDef, suite: dict, policies: list[str]) -> dict:
     runs, shifts = suite["runs"], suite["shift_runs"]
     thr = {p: float(np.mean([r["samples_per_s"] for r in runs[p]])) for p in policies if runs[p]}
@@ -744,10 +819,15 @@ def summarise(pipe: PipelineDef, suite: dict, policies: list[str]) -> dict:
         },
     }
     out["stalls"] = int(sum(out["stalls_per_policy"].values()))
-    out["oracle_runs"] = [{"search_run_samples_per_s": r["search_run"]["samples_per_s"],
+    out["oracle_runs"] = [{"search_run_samples_per_s": (r["search_run"] or {}).get("samples_per_s"),
                            "fresh_runs": [(_config_text(f["configuration"]), f["samples_per_s"]) for f in r["fresh_runs"]],
-                           "figure_from": r["figure_from"]}
+                           "confirmation_samples_per_s": (r.get("confirmation_run") or {}).get("samples_per_s"),
+                           "samples_per_s": r["samples_per_s"], "figure_from": r["figure_from"],
+                           "selected_by": r.get("selection", {}).get("from")}
                           for r in runs.get("oracle", []) if "fresh_runs" in r]
+    paired = paired_ratios(runs)
+    if paired is not None:
+        out["rl_vs_oracle_per_round"] = paired
     # every policy's steady state as per-interval samples (pooled over rounds): mean and 95% CI
     out["steady_ci"] = {p: mean_ci([x for r in runs[p] for x in r.get("interval_samples_per_s", [])])
                         for p in policies if runs[p]}
@@ -815,8 +895,17 @@ def print_table(kind: str, s: dict, policies: list[str]) -> None:
             print(f"  {p:<12} pre {v['pre_shift_samples_per_s']:>8,.0f}  recovered {v['recovered_samples_per_s']:>8,.0f}"
                   f" samples/s  recovery {v['recovery_s']} s")
     for o in s.get("oracle_runs", []):
-        print(f"oracle: {o['search_run_samples_per_s']:,.0f} samples/s at the end of its search run; fresh: "
-              + ", ".join(f"{c} {v:,.0f}" for c, v in o["fresh_runs"]) + f"; its figure from the {o['figure_from']}")
+        searched = ("no search (an earlier round's pick)" if o["search_run_samples_per_s"] is None
+                    else f"{o['search_run_samples_per_s']:,.0f} samples/s at the end of its search run")
+        confirmed = ("" if o.get("confirmation_samples_per_s") is None
+                     else f"; confirmation {o['confirmation_samples_per_s']:,.0f}")
+        print(f"oracle: {searched}; fresh: " + ", ".join(f"{c} {v:,.0f}" for c, v in o["fresh_runs"]) + confirmed
+              + f"; its figure {o['samples_per_s']:,.0f} from the {o['figure_from']}"
+              + (f" (selected by the {o['selected_by']})" if o.get("selected_by") else ""))
+    if (pr := s.get("rl_vs_oracle_per_round")) is not None:
+        half = "" if not math.isfinite(pr["ci95"]) else f" +- {pr['ci95']:.3f} (95% CI over {pr['n']} rounds)"
+        print("rl / oracle, round by round: " + ", ".join(f"{v:.3f}" for v in pr["ratios"])
+              + f"; mean {pr['mean']:.3f}{half}")
     print(f"stalls: {s['stalls']}, crashes: { {p: c for p, c in s['crashes'].items() if c} }")
     print("steady state, 95% CI over " f"{ORACLE_BIN_S:g} s intervals: "
           + ", ".join(f"{p} {v['mean']:,.0f} +- {v['ci95']:,.0f}" for p, v in s.get("steady_ci", {}).items()))
@@ -1144,8 +1233,12 @@ def main(argv=None) -> int:
                     " YAML's overhead-free true costs, then measure the best --oracle-k live")
     ap.add_argument("--no-oracle-fresh-pick", dest="oracle_fresh_pick", action="store_false",
                     help="skip the oracle's fresh runs (its pick, and every configuration a policy measured above it,"
-                         " held static in a fresh run of --run-s each; its figure is the best of those and its search"
-                         " run's steady state)")
+                         " held static in a fresh run of --run-s each; the best of those and its search run's steady"
+                         " state is its winner, whose figure is a run that did not select it)")
+    ap.add_argument("--oracle-search-rounds", type=int, default=0, metavar="N",
+                    help="the oracle searches in the first N rounds only; later rounds measure its last winner fresh"
+                         " (and every configuration a policy measured above it) beside the policies' rounds"
+                         " (0, the default: every round searches)")
     ap.add_argument("--plot-dir", type=Path, default=ROOT / "runs" / "bench" / "tuner")
     ap.add_argument("--sim-only", action="store_true", help="only the simulated comparison (seconds, no Ray)")
     ap.add_argument("--ablation", action="store_true",
@@ -1182,6 +1275,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                     help="skip the overhead-ceiling run (the pipeline with operators that cost nothing)")
     args = ap.parse_args(argv)
+    if args.oracle_search_rounds < 0:
+        ap.error(f"--oracle-search-rounds {args.oracle_search_rounds}: expected 0 (every round) or more")
+    if args.oracle_search_rounds and not args.oracle_fresh_pick:
+        ap.error("--oracle-search-rounds re-measures the oracle's pick fresh; it cannot go with --no-oracle-fresh-pick")
     args.plot_dir.mkdir(parents=True, exist_ok=True)
     global ORACLE_SHORTLIST
     ORACLE_SHORTLIST = args.oracle_shortlist

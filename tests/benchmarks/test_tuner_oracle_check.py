@@ -177,7 +177,7 @@ def test_the_oracles_pick_runs_again_held_static_at_its_allocation_and_block_siz
     assert bench.pick_pipeline(pipe, {"allocation": alloc, "block_rows": None}).rows_per_block == pipe.rows_per_block
 
 
-def test_the_oracles_figure_is_the_best_of_its_search_run_and_its_fresh_runs(bench):
+def test_the_oracles_winner_is_the_best_reading_and_its_figure_a_run_that_did_not_select_it(bench):
     a = {"read": 3, "parse": 5}
     b = {"read": 2, "parse": 6}
     search = {"policy": "oracle", "samples_per_s": 11_500.0, "interval_samples_per_s": [11_000.0, 12_000.0],
@@ -186,19 +186,58 @@ def test_the_oracles_figure_is_the_best_of_its_search_run_and_its_fresh_runs(ben
             {"samples_per_s": 13_500.0, "interval_samples_per_s": [13_400.0, 13_600.0], "crash": None})
     rl_cfg = ({"allocation": a, "block_rows": 8000},
               {"samples_per_s": 16_900.0, "interval_samples_per_s": [16_800.0, 17_000.0], "crash": None})
-    got = bench.adopt_fresh_runs(search, [pick, rl_cfg])
-    assert got["samples_per_s"] == 16_900.0 and got["interval_samples_per_s"] == [16_800.0, 17_000.0]
-    assert got["final_allocation"] == a and got["final_block_rows"] == 8000  # the best configuration is its pick now
-    assert got["figure_from"] == "fresh run of 3/5 at 8,000 rows"
+    assert bench.needs_confirmation([pick, rl_cfg]) and not bench.needs_confirmation([pick])
+    assert bench.oracle_winner(search, [pick, rl_cfg]) == (rl_cfg[0], 16_900.0, "fresh run of 3/5 at 8,000 rows")
+    confirm = {"samples_per_s": 15_800.0, "interval_samples_per_s": [15_700.0, 15_900.0], "crash": None}
+    got = bench.adopt_fresh_runs(search, [pick, rl_cfg], confirm)
+    # the winner is the best configuration read (a policy's here); its figure is the confirmation, not the max
+    assert got["final_allocation"] == a and got["final_block_rows"] == 8000
+    assert got["samples_per_s"] == 15_800.0 and got["interval_samples_per_s"] == [15_700.0, 15_900.0]
+    assert got["figure_from"] == "confirmation run of 3/5 at 8,000 rows"
+    assert got["selection"] == {"configuration": rl_cfg[0], "samples_per_s": 16_900.0,
+                                "from": "fresh run of 3/5 at 8,000 rows"}
     assert got["search_run"]["samples_per_s"] == 11_500.0 and len(got["fresh_runs"]) == 2
-    # the oracle check then reads the best run's intervals
+    # the oracle check then reads the confirmation's intervals
     stats = {"oracle": bench.mean_ci(got["interval_samples_per_s"]), "rl": bench.mean_ci([17_400.0, 17_900.0])}
-    assert bench.oracle_check(stats)["ok"]
-    # slower or crashed fresh runs change nothing
+    assert bench.oracle_check(stats)["oracle"]["samples_per_s"] == 15_800.0
+    # only the pick ran fresh: its fresh run is its figure, even below the search run's reading
     slow = bench.adopt_fresh_runs(search, [(pick[0], {**pick[1], "samples_per_s": 9_000.0})])
-    assert slow["samples_per_s"] == 11_500.0 and slow["final_allocation"] == b and slow["figure_from"] == "search run"
+    assert slow["samples_per_s"] == 9_000.0 and slow["final_allocation"] == b
+    assert slow["figure_from"] == "fresh run of 2/6 at 8,000 rows" and slow["selection"]["from"] == "search run"
+    # a crashed figure run leaves the selection's figure, and says so
     crashed = bench.adopt_fresh_runs(search, [(pick[0], {**pick[1], "crash": "RayTaskError: boom"})])
     assert crashed["samples_per_s"] == 11_500.0 and crashed["fresh_runs"][0]["crash"] == "RayTaskError: boom"
+    assert "crashed" in crashed["figure_from"]
+    # a round without a search (an earlier round's pick measured fresh): the pick's run is the result's base
+    reused = bench.adopt_fresh_runs(None, [pick])
+    assert reused["policy"] == "oracle" and reused["search_run"] is None and reused["samples_per_s"] == 13_500.0
+
+
+def test_later_rounds_reuse_the_oracles_winner_only_when_asked_and_once_it_has_one(bench):
+    import argparse
+
+    won = {"policy": "oracle", "final_allocation": {"read": 2}, "final_block_rows": None}
+    every = argparse.Namespace(oracle_search_rounds=0)
+    first = argparse.Namespace(oracle_search_rounds=1)
+    assert not bench.reuses_oracle_pick(3, every, {"oracle": [won]})
+    assert not bench.reuses_oracle_pick(0, first, {"oracle": []})  # round 1 searches
+    assert bench.reuses_oracle_pick(1, first, {"oracle": [won]})
+    assert not bench.reuses_oracle_pick(1, first, {"oracle": [{**won, "final_allocation": None}]})  # nothing to reuse
+    with pytest.raises(SystemExit):
+        bench.main(["--oracle-search-rounds", "-1", "--sim-only"])
+    with pytest.raises(SystemExit):
+        bench.main(["--oracle-search-rounds", "1", "--no-oracle-fresh-pick", "--sim-only"])
+
+
+def test_rl_over_the_oracle_round_by_round_with_its_interval(bench):
+    runs = {"rl": [_run(95.0, []), _run(105.0, []), _run(99.0, [])],
+            "oracle": [_run(100.0, []), _run(100.0, []), _run(110.0, [])]}
+    got = bench.paired_ratios(runs)
+    assert got["ratios"] == pytest.approx([0.95, 1.05, 0.9]) and got["n"] == 3
+    assert got["mean"] == pytest.approx(0.9667, abs=1e-4)
+    assert got["ci95"] == pytest.approx(4.30 * np.std([0.95, 1.05, 0.9], ddof=1) / math.sqrt(3))
+    assert bench.paired_ratios({"rl": runs["rl"]}) is None
+    assert math.isinf(bench.paired_ratios({"rl": runs["rl"][:1], "oracle": runs["oracle"][:1]})["ci95"])
 
 
 def test_only_configurations_measured_above_the_oracle_are_run_fresh(bench):
