@@ -688,12 +688,35 @@ def oracle_fresh_runs(pipe: PipelineDef, kind: str, r: int, search: dict | None,
 
 def reuses_oracle_pick(r: int, args, results: dict[str, list[dict]]) -> bool:
     """Round ``r`` (from 0) measures the oracle's earlier winner fresh instead of searching again: past the
-    first ``--oracle-search-rounds`` rounds (0: every round searches). The search establishes which
-    configuration is best; what the ratio to it needs after that is its figure measured in the same sitting
-    as the policies' rounds, often enough to average the drift between runs out (a search round takes 3-4
-    times as long as a policy's run)."""
+    first ``--oracle-search-rounds`` rounds (0: every round searches), or from the first round where
+    ``--oracle-pick`` names the winner of an earlier run. The search establishes which configuration is
+    best; what the ratio to it needs after that is its figure measured in the same sitting as the policies'
+    rounds, often enough to average the drift between runs out (a search round takes 3-4 times as long as a
+    policy's run)."""
+    if getattr(args, "oracle_pick", None) is not None:
+        return True
     searched = getattr(args, "oracle_search_rounds", 0) or 0
     return 0 < searched <= r and bool(results.get("oracle")) and final_configuration(results["oracle"][-1]) is not None
+
+
+def parse_oracle_pick(text: str, pipe: PipelineDef) -> dict:
+    """``--oracle-pick`` as a configuration: slots per operator in the pipeline's order, ``/``-separated,
+    and where the blocks are resizable ``@ROWS`` (``4/6/7/5/2``, ``3/4/9/5/3@8000``), as the benchmark
+    prints configurations."""
+    slots, _, rows = text.partition("@")
+    names = [o.name for o in pipe.operators]
+    try:
+        counts = [int(x) for x in slots.split("/")]
+        block_rows = int(rows) if rows else None
+    except ValueError:
+        raise ValueError(f"--oracle-pick {text!r}: expected slots per operator like "
+                         f"{'/'.join(str(o.concurrency) for o in pipe.operators)} (and @ROWS)") from None
+    if len(counts) != len(names) or min(counts) < 1:
+        raise ValueError(f"--oracle-pick {text!r}: {len(names)} slot counts of 1 or more expected, one per operator"
+                         f" ({', '.join(names)})")
+    if block_rows is not None and not pipe.max_rows_per_block:
+        raise ValueError(f"--oracle-pick {text!r}: {pipe.name}'s blocks are not resizable; drop @{rows}")
+    return {"allocation": dict(zip(names, counts)), "block_rows": block_rows}
 
 
 def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
@@ -721,9 +744,11 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
             for pol in order:
                 if pol == "oracle" and reuses_oracle_pick(r, args, results):
                     # no search this round: the last round's winner, fresh, beside this round's challengers
-                    pick = final_configuration(results["oracle"][-1])
-                    print(f"  [{kind} round {r + 1}] oracle: no search (--oracle-search-rounds"
-                          f" {args.oracle_search_rounds}); the last round's winner {_config_text(pick)} fresh", flush=True)
+                    if results["oracle"]:
+                        pick, why = final_configuration(results["oracle"][-1]), "the last round's winner"
+                    else:
+                        pick, why = args.oracle_pick, "--oracle-pick"
+                    print(f"  [{kind} round {r + 1}] oracle: no search; {why} {_config_text(pick)} fresh", flush=True)
                     results[pol].append(oracle_fresh_runs(pipe, kind, r, None, results, initial, args, pick=pick))
                     continue
                 must_beat = [c for p in order if p != pol and results[p]
@@ -1239,6 +1264,10 @@ def main(argv=None) -> int:
                     help="the oracle searches in the first N rounds only; later rounds measure its last winner fresh"
                          " (and every configuration a policy measured above it) beside the policies' rounds"
                          " (0, the default: every round searches)")
+    ap.add_argument("--oracle-pick", metavar="SLOTS",
+                    help="no oracle search: this configuration (an earlier run's winner, as printed: 4/6/7/5/2, with"
+                         " @ROWS where the blocks are resizable) measured fresh in every round, with every configuration"
+                         " a policy measured above it")
     ap.add_argument("--plot-dir", type=Path, default=ROOT / "runs" / "bench" / "tuner")
     ap.add_argument("--sim-only", action="store_true", help="only the simulated comparison (seconds, no Ray)")
     ap.add_argument("--ablation", action="store_true",
@@ -1290,6 +1319,14 @@ def main(argv=None) -> int:
         ap.error(str(e))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     pipe = load_pipeline(args.pipeline)
+    if args.oracle_pick is not None:
+        if args.suite or "oracle" not in policies or not args.oracle_fresh_pick:
+            ap.error("--oracle-pick names one pipeline's winner: it needs --pipeline (not --suite), the oracle among"
+                     " --policies, and its fresh runs")
+        try:
+            args.oracle_pick = parse_oracle_pick(args.oracle_pick, pipe)
+        except ValueError as e:
+            ap.error(str(e))
     kinds = ["local", "multinode"] if args.cluster == "both" else [args.cluster]
     report: dict = {"pipeline": pipe.name, "load_average_at_start": os.getloadavg()}
     if args.ablation:

@@ -11,6 +11,7 @@ in one process:
   window sees 0-3 of them finish per second), with every operator at 0.4 of its rate for the first
   6 s (a warm-up) and without; and ``contended_lookup`` with its lookup alone at 0.35 for 7 s (what
   the live runs showed). Score: rl's mean share of the optimum over the last 40 of 100 steps.
+  Also each run's steps to 95% of its final level (``t95``: convergence).
 * ``--held-out`` random pipelines of the training mix, drawn from a seed training never uses, half
   with a cost shift half-way (``rl_train.evaluate_policies``), with and without the warm-up.
 
@@ -39,7 +40,17 @@ WARM_UP = (0.4, 6.0)  # every operator at this share of its rate for the first s
 LOOKUP_WARM_UP = {"user_lookup": (0.35, 7.0)}
 
 
-def _suite_run(job: tuple[dict, str, float, int, str]) -> float:
+def _steps_to_95(throughput: list[float]) -> float:
+    """Steps until a run's 5-step mean first reached 95% of its final level (its last 40 steps' mean): its
+    convergence, as ``benchmarks/tuner.py`` times live runs (the whole run where it never did)."""
+    final = float(np.mean(throughput[-40:]))
+    for i in range(5, len(throughput) + 1):
+        if np.mean(throughput[i - 5:i]) >= 0.95 * final:
+            return float(i - 2.5)
+    return float(len(throughput))
+
+
+def _suite_run(job: tuple[dict, str, float, int, str]) -> tuple[float, float]:
     from dlrm_platform.tuner.simulator import from_profile, run_controller_in_sim
     from dlrm_platform.tuner.sleep_pipelines import load_pipeline
     from dlrm_platform.tuner.spec import TunerSpec
@@ -54,7 +65,8 @@ def _suite_run(job: tuple[dict, str, float, int, str]) -> float:
         spec = TunerSpec(f"options-{name}", "rl", sim.budget, pipe.op_specs(), options=dict(options),
                          block_rows=block_rows_spec(pipe, Path(tmp)))
         trace = run_controller_in_sim(sim, spec, steps=100, seed=seed, warmup=warmup)
-    return float(np.mean([min(x["throughput"] / x["t_opt"], 1.0) for x in trace[-40:]]))
+    share = float(np.mean([min(x["throughput"] / x["t_opt"], 1.0) for x in trace[-40:]]))
+    return share, _steps_to_95([x["throughput"] for x in trace])
 
 
 def suite(options: dict, seeds: int, pool) -> dict:
@@ -63,11 +75,14 @@ def suite(options: dict, seeds: int, pool) -> dict:
     jobs += [(options, "contended_lookup", n, s, "lookup") for n in OP_NOISES for s in range(seeds)]
     scores = pool.map(_suite_run, jobs)
     cells: dict[str, list[float]] = {}
-    for (_, p, n, _, w), v in zip(jobs, scores):
-        cells.setdefault(f"{p}@{n}/{w}", []).append(v)
+    for (_, p, n, _, w), (share, t95) in zip(jobs, scores):
+        cells.setdefault(f"{p}@{n}/{w}", []).append(share)
+        cells.setdefault(f"t95 {p}@{n}/{w}", []).append(t95)
     out = {k: float(np.mean(v)) for k, v in cells.items()}
     for w in ("all", "none"):
         out[f"mean/{w}"] = float(np.mean([out[f"{p}@{n}/{w}"] for p in PIPELINES for n in OP_NOISES]))
+        out[f"t95 mean/{w}"] = float(np.mean([out[f"t95 {p}@{n}/{w}"] for p in PIPELINES for n in OP_NOISES]))
+        out[f"t95 max/{w}"] = float(max(max(cells[f"t95 {p}@{n}/{w}"]) for p in PIPELINES for n in OP_NOISES))
     return out
 
 
@@ -149,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     keys = [*(f"mean/{w}" for w in ("all", "none")),
             *(f"contended_lookup@{n}/{w}" for w in ("all", "none", "lookup") for n in OP_NOISES),
             *(f"wide_skewed@{n}/all" for n in OP_NOISES),
-            *([f"held_out/{w}" for w in ("all", "none")] if args.held_out else [])]
+            *([f"held_out/{w}" for w in ("all", "none")] if args.held_out else []),
+            *(f"t95 {p}@0.2/all" for p in PIPELINES), *(f"t95 {m}/{w}" for m in ("mean", "max") for w in ("all", "none"))]
     width = max(len(k) for k in keys)
     print(f"\n{'share of the optimum':{width}}  " + "  ".join(f"{a:>18}" for a in arms))
     for k in keys:
@@ -158,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                  for a in arms]
         print(f"{k:{width}}  " + "  ".join(f"{c:>18}" for c in cells))
     print("(/all: every operator warming up at 0.4 for 6 s; /none: no warm-up; /lookup: the lookup alone "
-          "at 0.35 for 7 s; @n: extra noise on the operators' counters)")
+          "at 0.35 for 7 s; @n: extra noise on the operators' counters; t95: steps to 95% of the final level, "
+          "lower is better)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"arms": arms, "seeds": args.seeds, "held_out": args.held_out,

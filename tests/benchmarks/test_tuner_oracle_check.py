@@ -319,3 +319,22 @@ def test_rl_options_from_the_command_line_are_typed_and_a_malformed_one_is_named
         "rl_judge_moves": True, "rl_judge_warmup_s": 10}
     with pytest.raises(ValueError, match="'rl_judge_warmup_s': expected KEY=VALUE"):
         bench.parse_rl_options(["rl_judge_warmup_s"])
+
+
+def test_an_earlier_winner_named_on_the_command_line_is_the_oracles_pick_from_round_one(bench):
+    import argparse
+
+    pipe = bench.load_pipeline(bench.ROOT / "benchmarks/pipelines/contended_lookup.yaml")
+    pick = bench.parse_oracle_pick("4/6/7/5/2", pipe)
+    assert pick == {"allocation": {"read": 4, "parse": 6, "user_lookup": 7, "sparse_hash": 5, "pack": 2},
+                    "block_rows": None}
+    assert bench.reuses_oracle_pick(0, argparse.Namespace(oracle_search_rounds=0, oracle_pick=pick), {"oracle": []})
+    for bad, says in (("4/6/7", "5 slot counts"), ("4/x/7/5/2", "expected slots per operator"),
+                      ("4/6/7/5/0", "5 slot counts"), ("4/6/7/5/2@8000", "not resizable")):
+        with pytest.raises(ValueError, match=says):
+            bench.parse_oracle_pick(bad, pipe)
+    sized = bench.load_pipeline(bench.ROOT / "benchmarks/pipelines/per_task_overhead.yaml")
+    assert bench.parse_oracle_pick("3/4/9/5/3@8000", sized)["block_rows"] == 8000
+    with pytest.raises(SystemExit):  # the oracle must run to be measured
+        bench.main(["--pipeline", str(bench.ROOT / "benchmarks/pipelines/contended_lookup.yaml"), "--policies", "rl",
+                    "--oracle-pick", "4/6/7/5/2"])

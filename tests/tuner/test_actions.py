@@ -126,3 +126,28 @@ def test_two_operators_tied_at_the_bottleneck_grow_together():
     assert grow_tied_pair(alloc, specs, 16.0, caps, {"a", "c"}) is None  # b may not grow (limit, unmeasured)
     assert grow_tied_pair(alloc, specs, 16.0, {**caps, "b": 1000.0}, {"a", "b", "c"}) is None  # no tie: "+1 a" pays
     assert grow_tied_pair(alloc, specs, 16.0, {**caps, "c": 900.0}, {"a", "b", "c"}) is None  # no donor with slack
+
+
+def test_a_grown_move_carries_on_to_the_next_bottlenecks_while_it_pays():
+    """a grew 4 -> 5 (100 samples/s a slot: 500), tied with b at 500, c at 520 close behind. The chain gives
+    a and b a slot each (together they raise the bottleneck), then c, a, b, from d's slack, while the
+    predicted bottleneck rises, until d would bind; it stops where an operator may grow no further, and
+    keeps nothing a stretch of which did not pay."""
+    from dlrm_platform.tuner.actions import grow_next_bottlenecks, predicted_bottleneck
+
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0), OpSpec("d", 1.0)]
+    alloc = {"a": 4, "b": 4, "c": 4, "d": 8}
+    caps = {"a": 400.0, "b": 500.0, "c": 520.0, "d": 4000.0}
+    grown = {"a": 5, "b": 4, "c": 4, "d": 7}
+    most = {"a": 8, "b": 8, "c": 8, "d": 16}
+    new, chain = grow_next_bottlenecks(alloc, grown, specs, 20.0, caps, most, max_slots=6)
+    assert chain == ["a", "b", "c", "a", "b"]
+    assert new == {"a": 7, "b": 6, "c": 5, "d": 2} and used_cpus(new, specs) <= 20.0  # from d's slack
+    assert predicted_bottleneck(alloc, caps, new) >= 1.02 * predicted_bottleneck(alloc, caps, grown)
+    # b may not grow (a limit, or not measured steady): the chain stops at it, and a alone paid nothing more
+    assert grow_next_bottlenecks(alloc, grown, specs, 20.0, caps, {**most, "b": 4}, max_slots=6) == (grown, [])
+    # no slack anywhere: a donor would bind at once
+    tight = {**caps, "d": 700.0}
+    assert grow_next_bottlenecks(alloc, grown, specs, 20.0, tight, most, max_slots=6) == (grown, [])
+    # at most max_slots in all
+    assert len(grow_next_bottlenecks(alloc, grown, specs, 20.0, caps, most, max_slots=2)[1]) <= 2

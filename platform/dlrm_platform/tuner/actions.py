@@ -318,3 +318,52 @@ def grow_while_it_pays(
             break
         new = trial
     return new
+
+
+def grow_next_bottlenecks(
+    alloc: Mapping[str, int],
+    grown: Mapping[str, int],
+    specs: Sequence[OpSpec],
+    budget: float,
+    capacities: Mapping[str, float | None],
+    most: Mapping[str, int],
+    *,
+    max_slots: int,
+    min_gain: float = 0.02,
+    memory_bound: bool = False,
+) -> tuple[Allocation, list[str]]:
+    """``grown`` (a "+1" move's allocation from ``alloc``) carried on to the operators that bound the
+    pipeline after it. One slot at a time goes to whichever operator the measured rates (linear in slots
+    from ``alloc``) predict slowest, while that one may grow (``most``: operator -> the most slots it may
+    have after the move; an operator not in it may not) and the slot does not lower the predicted
+    bottleneck (a donor that would bind ends it), ``max_slots`` at most in all; the result is the longest
+    such chain whose every kept stretch raised the predicted bottleneck by ``min_gain`` (slowest operators
+    that tie rise together). Returns the allocation and the operators grown on the way, in order. Slots
+    come from free CPUs or donors, as for a "+1".
+
+    A "+1" relieves one operator, and where the next slowest is close behind, the pipeline's gain
+    stops there: the next move waits for the evidence of this one, so a pipeline whose optimum is
+    many operators away from its start (eight operators, costs 50x apart) took a dozen moves."""
+    new = dict(grown)
+    chain: list[str] = []
+    best, best_chain = dict(grown), []
+    best_rate = predicted_bottleneck(alloc, capacities, grown)
+    while len(chain) < max_slots and math.isfinite(best_rate):
+        scaled = _scaled(capacities, alloc, new)
+        known = [(c, n) for n, c in scaled.items() if c is not None and new.get(n, 0) > 0]
+        if not known:
+            break
+        now, slowest = min(known)
+        if new[slowest] >= most.get(slowest, 0):
+            break
+        trial = _grown(slowest, new, specs, budget, scaled, memory_bound)
+        if trial is None:
+            break
+        after = predicted_bottleneck(alloc, capacities, trial)
+        if after < now * (1.0 - EPS):
+            break  # a donor would bind: the slot costs more than it gives
+        new = trial
+        chain.append(slowest)
+        if after >= best_rate * (1.0 + min_gain):
+            best, best_chain, best_rate = dict(new), list(chain), after
+    return best, best_chain

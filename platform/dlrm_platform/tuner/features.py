@@ -52,6 +52,9 @@ class FeatureState:
         self.moves = AllocationThroughput()
         #: when the pipeline last read as warming up (``Observation.warming_up``; None: not seen)
         self.warming_up_t: float | None = None
+        #: the pass has not held yet since its operators were measured: rl's moves still climb from the
+        #: start allocation (``RLPolicyRunner.chain_slots``)
+        self.climbing = True
 
     def note_action(self, before: Mapping[str, int], after: Mapping[str, int]) -> None:
         changed = False

@@ -715,7 +715,8 @@ class RLPolicy(Policy):
                           "rl_noisy_max_repeat": ("noisy_max_repeat", lambda v: None if v is None else int(v)),
                           "rl_noisy_growth_noise": ("noisy_growth_noise", float),
                           "rl_slope_sized_growth": ("slope_sized_growth", bool),
-                          "rl_one_slot_after_release": ("one_slot_after_release", bool)}
+                          "rl_one_slot_after_release": ("one_slot_after_release", bool),
+                          "rl_chain_slots": ("chain_slots", int)}
         if runner_options.keys() & self.opts.keys():  # this job's own copy (the loaded runner is per process)
             self.runner = copy.copy(self.runner)
             for option, (attr, kind) in runner_options.items():
@@ -746,6 +747,7 @@ class RLPolicy(Policy):
 
     def on_epoch_start(self, epoch: int) -> None:
         self.fs.prev = None
+        self.fs.climbing = True
         self.awaiting.clear()
         self.unjudged = False
         self.fs.moves.new_execution()
@@ -776,6 +778,7 @@ class RLPolicy(Policy):
         self.fs.scaling = self._scaling_memory()
         self.fs.moves.new_execution()
         self.fs.reset_best()
+        self.fs.climbing = True
         self.rates = _RateMemory()
         self.awaiting.clear()
         self.unjudged = False

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm_platform.tuner.actions import K_MAX, describe_action, grow_tied_pair, grow_while_it_pays, vetoed_actions
+from dlrm_platform.tuner.actions import (
+    K_MAX,
+    describe_action,
+    grow_next_bottlenecks,
+    grow_tied_pair,
+    grow_while_it_pays,
+    vetoed_actions,
+)
 from dlrm_platform.tuner.features import FeatureState, featurize
 from dlrm_platform.tuner.observe import Observation
 from dlrm_platform.tuner.spec import Allocation, OpSpec
@@ -113,6 +120,9 @@ class RLPolicyRunner:
     #: delivered 5,400-5,800). Only a step of two slots or more: a one-slot step's "did not pay" (1.4% at 18
     #: slots) is within a linear operator's noise, and one slot at a time held simulated ones back
     one_slot_after_release: bool = False
+    #: a "+1" carries on to the operators that bound the pipeline after it, this many slots at most in all
+    #: (``actions.grow_next_bottlenecks``; 0: the one operator the net picked)
+    chain_slots: int = 0
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -203,6 +213,7 @@ class RLPolicyRunner:
                               delivered=self._delivered(obs, fs))
             back = self._move_back(obs, alloc, specs, budget, fs)
             if back is not None:
+                fs.climbing = False  # it overshot somewhere: what follows refines
                 return back
             limits = {s.name: lim for s in specs if (lim := fs.scaling.limit(s.name)) is not None}
         for s in specs:  # a move that grew it was measured to deliver less end to end
@@ -213,13 +224,16 @@ class RLPolicyRunner:
         min_gain = self.required_gain(obs, fs)
         allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, min_gain, memory_bound)
         growable = set()  # may take a slot more, whatever the shield's linear model says it gains
+        eligible = set()  # may take a slot more where the shield's linear model says it gains
         for k, s in enumerate(specs[:K_MAX]):
             if s.name in limits and alloc[s.name] >= limits[s.name]:
                 allowed[1 + k] = False  # measured: more slots did not pay
             elif self.scaling_margin is not None and not self._measured_enough(fs, s.name, alloc[s.name]):
                 allowed[1 + k] = False  # not measured steady at its slots yet: grown once that says it paid
-            elif mask[1 + k] and fs.scaling.noise.get(s.name, math.inf) <= self.tie_max_noise:
-                growable.add(s.name)  # a tie of noisy counters is mostly their noise
+            elif mask[1 + k]:
+                eligible.add(s.name)
+                if fs.scaling.noise.get(s.name, math.inf) <= self.tie_max_noise:
+                    growable.add(s.name)  # a tie of noisy counters is mostly their noise
         a = self.choose(vec, allowed)
         own = a if (allowed == mask).all() else self.choose(vec, mask)  # what it wanted, unshielded
         self.stats["asked"] += 1
@@ -260,9 +274,20 @@ class RLPolicyRunner:
                 most = 1
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound)
+        what = describe_action(a, [s.name for s in specs])
+        if new == alloc:
+            fs.climbing = False  # it held with every operator measured: what follows refines, one operator a move
+        if self.chain_slots and fs.climbing and 1 <= a <= K_MAX and new != alloc:
+            # each operator as far as a "+1" of its own may take it: its limit, max_repeat, double its slots
+            cap = {n: min(limits.get(n, math.inf), alloc[n] + self.max_repeat, 2 * alloc[n]) for n in eligible}
+            cap[name] = min(cap.get(name, new[name]), alloc[name] + most)  # the net's pick: as sized above
+            new, chain = grow_next_bottlenecks(alloc, new, specs, budget, caps, cap, max_slots=self.chain_slots,
+                                               min_gain=self.shield_min_gain, memory_bound=memory_bound)
+            if chain:
+                what += ", then " + ", ".join(f"+1 {n}" for n in chain) + ": the next bottlenecks"
         fs.tick()
         fs.note_action(alloc, new)
-        return (new if new != alloc else None), describe_action(a, [s.name for s in specs])
+        return (new if new != alloc else None), what
 
     def _measured_enough(self, fs: FeatureState, name: str, k: int) -> bool:
         """``name`` measured steady at ``k`` slots enough to be grown again: once, where the step up to
