@@ -308,7 +308,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     specs = [OpSpec("a", 1.0, initial=2), OpSpec("b", 1.0, initial=2)]
     opts = {"rl_return_past_limit": True, "rl_limit_hysteresis": None, "rl_delivered_window_s": None,
             "rl_noisy_max_repeat": 2, "rl_noisy_growth_noise": 0.2, "rl_delivered_max_age": 30,
-            "rl_slope_sized_growth": True, "rl_one_slot_after_release": True}
+            "rl_slope_sized_growth": True, "rl_one_slot_after_release": True, "rl_chain_slots": 3}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -316,8 +316,32 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert plain.runner.noisy_max_repeat == RLPolicyRunner.noisy_max_repeat
     assert with_options.fs.scaling.delivered_max_age == 30 and with_options.runner.slope_sized_growth
     assert with_options.runner.one_slot_after_release and not plain.runner.one_slot_after_release
+    assert with_options.runner.chain_slots == 3 and plain.runner.chain_slots == RLPolicyRunner.chain_slots
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
     assert plain.fs.scaling.limit_hysteresis == RLPolicyRunner.limit_hysteresis == 0.1
     assert plain.fs.scaling.delivered_window_s == RLPolicyRunner.scaling_delivered_window_s == 5.0
+
+
+def test_while_a_pass_climbs_a_move_carries_on_to_the_next_bottlenecks():
+    """b (500/s at 4 slots) binds with c close behind (600): the net's "+1 b" stops at 5 slots, where c binds.
+    With ``chain_slots`` the move carries on to c and b in turn (from a's and d's slack) while the pass still
+    climbs; once the policy has held with everything measured, a move is one operator's again."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0), OpSpec("d", 1.0)]
+    alloc = {"a": 4, "b": 4, "c": 4, "d": 4}
+    obs = _obs({"a": 4000.0, "b": 500.0, "c": 600.0, "d": 4000.0}, alloc, 500.0)
+    plain, _ = _AlwaysWants(2).act(obs, alloc, specs, 16.0, FeatureState(list(alloc)))
+    assert plain == {"a": 3, "b": 5, "c": 4, "d": 4}
+    runner = _AlwaysWants(2)
+    runner.chain_slots = 6
+    fs = FeatureState(list(alloc))
+    chained, what = runner.act(obs, alloc, specs, 16.0, fs)
+    assert chained["b"] > 5 and chained["c"] > 4 and is_feasible(chained, specs, 16.0)
+    assert sum(chained.values()) == 16 and "then +1 c" in what and "the next bottlenecks" in what
+    fs.climbing = False  # held once: refining now
+    assert runner.act(obs, alloc, specs, 16.0, fs)[0] == plain
+    hold = _AlwaysWants(0)
+    hold.chain_slots, hold.hold_override_gain, hold.grow_tied_pairs = 6, None, False
+    fs = FeatureState(list(alloc))
+    assert hold.act(obs, alloc, specs, 16.0, fs)[0] is None and not fs.climbing  # its hold ends the climb
