@@ -331,7 +331,7 @@ def test_while_a_pass_climbs_a_move_carries_on_to_the_next_bottlenecks():
     specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0), OpSpec("d", 1.0)]
     alloc = {"a": 4, "b": 4, "c": 4, "d": 4}
     obs = _obs({"a": 4000.0, "b": 500.0, "c": 600.0, "d": 4000.0}, alloc, 500.0)
-    plain, _ = _AlwaysWants(2).act(obs, alloc, specs, 16.0, FeatureState(list(alloc)))
+    plain, _ = _AlwaysWants(2).act(obs, alloc, specs, 16.0, FeatureState(list(alloc)))  # off by default
     assert plain == {"a": 3, "b": 5, "c": 4, "d": 4}
     runner = _AlwaysWants(2)
     runner.chain_slots = 6

@@ -317,9 +317,10 @@ def test_rl_asks_a_move_for_more_gain_where_the_bottleneck_measures_noisily():
     assert runner.required_gain(obs, fs) == runner.shield_max_gain
 
 
-def _rl_share_with_noisy_counters(pipeline: str, op_noise: float, seeds: int, block_rows: float | None = None) -> float:
+def _rl_share_with_noisy_counters(pipeline: str, op_noise: float, seeds: int, block_rows: float | None = None,
+                                  options: dict | None = None) -> float:
     """rl's mean share of the optimum (last 40 of 100 s) on a suite pipeline in the simulator whose
-    operator counters are ``op_noise`` noisy, over ``seeds`` seeds."""
+    operator counters are ``op_noise`` noisy, over ``seeds`` seeds (``options``: rl's policy options)."""
     from pathlib import Path
 
     from dlrm_platform.tuner.sleep_pipelines import load_pipeline
@@ -332,8 +333,8 @@ def _rl_share_with_noisy_counters(pipeline: str, op_noise: float, seeds: int, bl
         if block_rows is not None:
             sim.block_rows = block_rows
         _, optimum = sim.optimum()
-        trace = run_controller_in_sim(sim, TunerSpec(f"noisy-{seed}", "rl", sim.budget, pipe.op_specs()),
-                                      steps=100, seed=seed)
+        trace = run_controller_in_sim(sim, TunerSpec(f"noisy-{seed}", "rl", sim.budget, pipe.op_specs(),
+                                                     options=dict(options or {})), steps=100, seed=seed)
         shares.append(float(np.mean([x["throughput"] for x in trace[-40:]])) / optimum)
     return float(np.mean(shares))
 
@@ -728,3 +729,47 @@ def test_with_return_past_limit_an_operator_past_its_limit_measured_slower_goes_
     stale = memory(4800.0)
     stale.scaling.record({"a": 5}, {"a": 6000.0})  # 8 not measured now: its figure is an earlier visit's
     assert RLPolicyRunner._past_limit({"a": 8}, specs, stale, 0.2) is None
+
+
+def test_a_count_measured_at_less_than_half_a_smaller_ones_is_a_cost_shift_not_a_curve():
+    """``cross_count_shift``: 1 slot measured 650 samples/s steady; then 2 slots 190 (the operator's cost rose
+    8x between). No lock or channel limit halves what a slot more delivers: the old point is forgotten (with
+    the limit it made) and the shift counted. A drop within the operator's own noise, or of an operator whose
+    noise is not measured yet, is no such evidence."""
+    mem = ScalingMemory(["a"], cross_count_shift=0.5)
+    for cap in (640.0, 650.0, 660.0, 650.0):
+        mem.record({"a": 1}, {"a": cap})
+    mem.record({"a": 2}, {"a": 190.0})
+    assert mem.settled("a") == {2: 190.0} and mem.limit("a") is None and mem.cross_shifts == 1
+    noisy = ScalingMemory(["a"], cross_count_shift=0.5)
+    for cap in (400.0, 900.0, 300.0, 800.0):  # readings that swing 2-3x
+        noisy.record({"a": 1}, {"a": cap})
+    noisy.record({"a": 2}, {"a": 190.0})
+    assert set(noisy.settled("a")) == {1, 2} and noisy.cross_shifts == 0
+    unknown = ScalingMemory(["a"], cross_count_shift=0.5)
+    unknown.record({"a": 1}, {"a": 650.0})
+    unknown.record({"a": 2}, {"a": 190.0})
+    assert set(unknown.settled("a")) == {1, 2} and unknown.cross_shifts == 0
+    off = ScalingMemory(["a"])
+    for _ in range(4):
+        off.record({"a": 1}, {"a": 650.0})
+    off.record({"a": 2}, {"a": 190.0})
+    assert off.limit("a") == 1 and off.cross_shifts == 0
+
+
+def test_under_the_judgement_a_cost_shift_forgets_what_allocations_delivered_before_it():
+    from dlrm_platform.tuner.observe import Observation
+    from dlrm_platform.tuner.policies import RLPolicy
+    from dlrm_platform.tuner.spec import OpSpec
+
+    specs = [OpSpec("a", 1.0, initial=1), OpSpec("b", 1.0, initial=2)]
+    policy = RLPolicy(TunerSpec("judged-shift", "rl", 8.0, specs, options={"rl_judge_moves": True}))
+    assert policy.fs.scaling.cross_count_shift == RLPolicyRunner.cross_count_shift
+    assert RLPolicy(TunerSpec("plain", "rl", 8.0, specs)).fs.scaling.cross_count_shift is None  # judged only
+    policy.fs.moves.measured[policy.fs.moves.key({"a": 1, "b": 2})] = (900.0, 10.0, 5.0)
+    policy.fs.moves.limits["a"] = (1, 1e9)
+    policy.fs.scaling.cross_shifts += 1
+    obs = Observation(30.0, 1.0, [], 100.0, 0.0, 1e9, 0.0, 8.0)
+    policy.decide(obs, {"a": 2, "b": 2}, specs, 8.0)
+    assert policy.fs.moves.key({"a": 1, "b": 2}) not in policy.fs.moves.measured
+    assert policy.fs.moves.limit("a", 30.0) is None and policy.shifts_seen == 1

@@ -734,7 +734,7 @@ class RLPolicy(Policy):
         # allocation delivered clearly more. Moves of operators with quiet counters are left to them.
         # Off by default until measured live on the suite in this form (tuner/README.md, End-to-end
         # judgement).
-        self.judge_moves = bool(self.opts.get("rl_judge_moves", False))
+        self.judge_moves = self._judges_moves()
         self.noisy_rate = float(self.opts.get("rl_noisy_rate", 0.3))
         self.fs.moves.settle_s = float(self.opts.get("settle_s", 1.0))
         self.fs.moves.warmup_s = float(self.opts.get("rl_judge_warmup_s", self.fs.moves.warmup_s))
@@ -743,6 +743,7 @@ class RLPolicy(Policy):
         # a move (one that grew a noisy operator, or a judged move) whose delivered throughput is to be
         # compared before the next move
         self.unjudged = False
+        self.shifts_seen = 0  # ScalingMemory.cross_shifts acted on
         self._steer_block_rows()
 
     def on_epoch_start(self, epoch: int) -> None:
@@ -756,7 +757,7 @@ class RLPolicy(Policy):
         # Under end-to-end judgement a noisy operator's curve is forgotten on a stray window, as before:
         # kept (rescaled), it held rl at a count the judgement then had nothing to compare with (the
         # noisy contended lookup in the simulator: 0.94 of the optimum forgetting, 0.80 rescaling).
-        rescale = self.runner.shift_rescales and not self.opts.get("rl_judge_moves", False)
+        rescale = self.runner.shift_rescales and not self._judges_moves()
         return ScalingMemory(self.spec.names, noise_k=float(self.opts.get("rl_scaling_noise_k",
                                                                           self.runner.scaling_noise_k)),
                              shift_rescales=rescale, horizon_above=self.runner.scaling_horizon_above,
@@ -767,7 +768,15 @@ class RLPolicy(Policy):
                              delivered_window_s=self._optional("rl_delivered_window_s",
                                                                self.runner.scaling_delivered_window_s, float),
                              delivered_max_age=self._optional("rl_delivered_max_age",
-                                                              self.runner.scaling_delivered_max_age, int))
+                                                              self.runner.scaling_delivered_max_age, int),
+                             # the end-to-end judgement compares allocations across moves, so it must
+                             # know when a move straddled a cost shift
+                             cross_count_shift=self._optional(
+                                 "rl_cross_count_shift",
+                                 self.runner.cross_count_shift if self._judges_moves() else None, float))
+
+    def _judges_moves(self) -> bool:
+        return bool(self.opts.get("rl_judge_moves", self.runner.judge_moves))
 
     def _optional(self, option: str, default: float | int | None, kind: type) -> float | int | None:
         """Option ``option`` (else ``default``) as ``kind``; None stays None (the option off)."""
@@ -776,6 +785,7 @@ class RLPolicy(Policy):
 
     def on_block_rows_change(self) -> None:
         self.fs.scaling = self._scaling_memory()
+        self.shifts_seen = 0
         self.fs.moves.new_execution()
         self.fs.reset_best()
         self.fs.climbing = True
@@ -784,6 +794,10 @@ class RLPolicy(Policy):
         self.unjudged = False
 
     def decide(self, obs, alloc, specs, budget):
+        if self.judge_moves and self.fs.scaling.cross_shifts != self.shifts_seen:
+            self.shifts_seen = self.fs.scaling.cross_shifts
+            self.fs.moves.forget()  # what was delivered before a cost shift judges nothing after it
+            self.unjudged = False
         if self.judge_moves:
             self.fs.moves.record(obs.t, alloc, obs.throughput, obs.window_s, obs.since_change_s)
             self.rates.update(obs, min_since_change=self.min_evidence_s)

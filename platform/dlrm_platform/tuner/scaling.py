@@ -73,7 +73,7 @@ class ScalingMemory:
                  shift_rescales: bool = False, horizon_above: int | None = None,
                  delivered_margin: float | None = None, rescale_since: bool = False,
                  limit_hysteresis: float | None = None, delivered_window_s: float | None = None,
-                 delivered_max_age: int | None = None):
+                 delivered_max_age: int | None = None, cross_count_shift: float | None = None):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements,
         #: smoothed samples/s the pipeline delivered while it was measured there, None where not given)
         self.curves: dict[str, dict[int, tuple[float, int, int, float | None]]] = {n: {} for n in names}
@@ -118,6 +118,14 @@ class ScalingMemory:
         #: after 5 lookup slots were measured, the 4 held since read 15% below them and freed the limit
         #: (run 33, round 2: +4 to 8)
         self.delivered_max_age = delivered_max_age
+        #: a new count whose capacity is below this share of a smaller count's (or a larger count's below this
+        #: share of the new count's) is a cost shift, not a scaling curve: no lock or channel limit halves what
+        #: an operator delivers for a slot more, a cost per row that rose 8x does. The operator's other points
+        #: are forgotten and ``cross_shifts`` counts it (None: off). Without it, rl judged "2 slots of a" by
+        #: the figure 1 slot had measured before a's cost rose 8x, went back and held there (0.2 of the
+        #: optimum, tests/tuner/test_policies.py)
+        self.cross_count_shift = cross_count_shift
+        self.cross_shifts = 0
         #: operator -> the limit held (``limit_hysteresis``)
         self.held: dict[str, HeldLimit] = {}
         #: operators whose held limit of a step of two slots or more expired with its lower point while they
@@ -149,6 +157,11 @@ class ScalingMemory:
                         # by measuring it (rl's ``one_slot_after_release``)
                         self.released.add(name)
             seen = curve.get(k)
+            if seen is None and self.cross_count_shift is not None and self._across_a_shift(name, curve, k, cap):
+                curve.clear()
+                self.held.pop(name, None)
+                self.noise.pop(name, None)
+                self.cross_shifts += 1
             dev = abs(cap / seen[0] - 1.0) if seen is not None and seen[0] > 0 else None
             if dev is not None and dev > self.shift_tolerance:
                 if self.shift_rescales:
@@ -187,6 +200,20 @@ class ScalingMemory:
             else:
                 d = seen[3] if got is None else got if seen[3] is None else 0.5 * (seen[3] + got)
                 curve[k] = (0.5 * (seen[0] + cap), self.step, seen[2] + 1, d)
+
+    def _across_a_shift(self, name: str, curve: Mapping[int, tuple], k: int, cap: float) -> bool:
+        """``cap`` at ``k`` slots and some other count's figure cannot lie on one scaling curve
+        (``cross_count_shift``): more slots measured to deliver less than that share of fewer, by more than
+        3x the operator's measured noise (live, a lookup's windows swing 4-8x: its readings say nothing of
+        the kind; an operator whose noise is not measured yet is not judged)."""
+        noise = self.noise.get(name)
+        if noise is None:
+            return False  # how far its readings stray is not known yet: nothing to tell a shift by
+
+        def drop(more: float, fewer: float) -> bool:
+            return fewer > 0 and more < self.cross_count_shift * fewer and 1.0 - more / fewer > 3.0 * noise
+
+        return any((j < k and drop(cap, v[0])) or (j > k and drop(v[0], cap)) for j, v in curve.items())
 
     def _horizon(self, j: int, now: int) -> int:
         return self.horizon_above if self.horizon_above is not None and j > now else self.horizon
@@ -439,6 +466,15 @@ class AllocationThroughput:
     def new_execution(self) -> None:
         """A new execution of the pipeline (an epoch's pass) starts delivering, and warms up, anew."""
         self.delivering_since = None
+
+    def forget(self) -> None:
+        """A cost shift: what each allocation delivered before it describes another pipeline, and so do the
+        limits and the probes drawn from it (the judged move under way included)."""
+        self.measured.clear()
+        self.limits.clear()
+        self.suspects.clear()
+        self.probed.clear()
+        self.trial = None
 
     def margin(self) -> float:
         # a mean over min_measure_s of ~1 s windows: its error is about one window's / sqrt(seconds)
