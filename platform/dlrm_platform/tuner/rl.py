@@ -98,21 +98,26 @@ class RLPolicyRunner:
     #: 6,660 against 7,110 / 6,300. Simulated they cost 0.003 on held-out pipelines (tuner/README.md, runs 24-31)
     scaling_delivered_window_s: float | None = 5.0
     #: two points' delivered samples/s compare only where measured within this many steps of each other
-    #: (``ScalingMemory.delivered_max_age``; None: whenever)
-    scaling_delivered_max_age: int | None = None
+    #: (``ScalingMemory.delivered_max_age``; None: whenever). On by default since run 48 with
+    #: ``noisy_max_repeat`` and ``slope_sized_growth`` (the three together, live, 100 s rounds, samples/s;
+    #: tuner/README.md runs 33-41 and 45-48): contended_lookup rl / oracle 0.954 (4 rounds, run 48) and 0.979
+    #: (8, run 41) against the rules without them 0.891 (6, run 45) and 0.934 (12); wide_skewed 6,390 against
+    #: 5,993 (4 rounds each, runs 46-48) after 4,328 against 4,579 (8 each, run 39); dlrm_preprocessing
+    #: 8,376 against 8,308 (8 each). Simulated: the suite and held-out pipelines unchanged
+    scaling_delivered_max_age: int | None = 30
     #: an operator past its measured limit, measured no faster there than at the limit, goes back to it
     #: (``_past_limit``)
     return_past_limit: bool = False
     #: an operator whose measured capacity is noisier than ``noisy_growth_noise`` (``ScalingMemory.noise``)
     #: grows by at most this many slots per move (None: ``max_repeat``, as any other). Live, the contended
     #: lookup (counters swinging 4-8x) went 4 -> 8 slots in one move before any limit could be measured
-    noisy_max_repeat: int | None = None
+    noisy_max_repeat: int | None = 2
     noisy_growth_noise: float = 0.15
     #: a move grows an operator by the linear model's slots times the share of a linear gain its last
     #: measured step added (``ScalingMemory.marginal_share``; at least one slot): its measured scaling,
     #: not the linear model alone, sizes the move. Live, the contended lookup measured 5,106 at 5 and
     #: 5,472 at 7 slots (a quarter of a linear gain) and went +4 to 11 (off: False)
-    slope_sized_growth: bool = False
+    slope_sized_growth: bool = True
     #: an operator left running past a limit whose lower point then expired (``ScalingMemory.released``) grows
     #: by one slot at its next move, not by the linear model's slots: live, the contended lookup ran at 8 past
     #: a limit at 5-6 (a step of 2-3 slots that did not pay); 30 steps after 5-6 was last measured the limit
