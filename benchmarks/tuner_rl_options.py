@@ -12,6 +12,10 @@ in one process:
   6 s (a warm-up) and without; and ``contended_lookup`` with its lookup alone at 0.35 for 7 s (what
   the live runs showed). Score: rl's mean share of the optimum over the last 40 of 100 steps.
   Also each run's steps to 95% of its final level (``t95``: convergence).
+* the suite's synthetic pipelines with their YAML's cost shift (``shift:``, at ``at_s`` of a 130 s run, no
+  extra counter noise), ``--shift-seeds`` seeds each: the seconds to recover to 95% of the post-shift level
+  (as ``benchmarks/tuner.py`` times them), their maximum, how many runs took longer than 30 s, and the
+  post-shift level's share of the post-shift optimum (a recovery to a lower level is no faster one).
 * ``--held-out`` random pipelines of the training mix, drawn from a seed training never uses, half
   with a cost shift half-way (``rl_train.evaluate_policies``), with and without the warm-up.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from multiprocessing import Pool
@@ -83,6 +88,42 @@ def suite(options: dict, seeds: int, pool) -> dict:
         out[f"mean/{w}"] = float(np.mean([out[f"{p}@{n}/{w}"] for p in PIPELINES for n in OP_NOISES]))
         out[f"t95 mean/{w}"] = float(np.mean([out[f"t95 {p}@{n}/{w}"] for p in PIPELINES for n in OP_NOISES]))
         out[f"t95 max/{w}"] = float(max(max(cells[f"t95 {p}@{n}/{w}"]) for p in PIPELINES for n in OP_NOISES))
+    return out
+
+
+SHIFT_RUN_S = 130
+SHIFT_TARGET_S = 30.0
+
+
+def _shift_run(job: tuple[dict, str, int]) -> tuple[float | None, float]:
+    """Seconds after the YAML's cost shift until the run reached 95% of its post-shift level (None: never),
+    and that level's share of the post-shift optimum (a recovery to a lower level is no faster one)."""
+    from dlrm_platform.tuner.sleep_pipelines import load_pipeline
+    from tuner import _seconds_to, _sim_trace
+
+    options, name, seed = job
+    pipe = load_pipeline(ROOT / "benchmarks" / "pipelines" / f"{name}.yaml")
+    at = int(pipe.shift.at_s)
+    args = argparse.Namespace(rl_policy=None)
+    with tempfile.TemporaryDirectory(prefix="tuner-options-") as tmp:
+        thr, t_opt = _sim_trace(pipe, "rl", dict(options), args, Path(tmp), seed, SHIFT_RUN_S, shift_at=at)
+    post = float(thr[at + int(0.6 * (len(thr) - at)):].mean())
+    return _seconds_to(thr[at:], 0.95 * post), min(post / t_opt, 1.0)
+
+
+def shift_recovery(options: dict, seeds: int, pool) -> dict:
+    jobs = [(options, p, s) for p in PIPELINES for s in range(seeds)]
+    runs = pool.map(_shift_run, jobs)
+    recs = [r for r, _ in runs]
+    out: dict = {}
+    for p in PIPELINES:
+        mine = [math.inf if r is None else r for (_, q, _), r in zip(jobs, recs) if q == p]
+        out[f"shift max {p}"] = float(max(mine))
+    out["shift post-shift share"] = float(np.mean([share for _, share in runs]))
+    every = [math.inf if r is None else r for r in recs]
+    out["shift mean"] = float(np.mean(every))
+    out["shift max"] = float(max(every))
+    out[f"shift runs > {SHIFT_TARGET_S:.0f} s"] = float(sum(r > SHIFT_TARGET_S for r in every))
     return out
 
 
@@ -147,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arm", action="append", default=[], metavar="NAME=JSON",
                     help="rl options to compare with the default (repeatable)")
     ap.add_argument("--seeds", type=int, default=30, help="seeds per suite pipeline and noise (default 30)")
+    ap.add_argument("--shift-seeds", type=int, default=10, help="seeds per suite pipeline's cost shift (0: none)")
     ap.add_argument("--held-out", type=int, default=96, help="held-out random pipelines (default 96; 0: none)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
@@ -158,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, options in arms.items():
             print(f"[{name}] {json.dumps(options)}: suite, {args.seeds} seeds ...", flush=True)
             results[name] = suite(options, args.seeds, pool)
+            if args.shift_seeds:
+                print(f"[{name}] cost shifts, {args.shift_seeds} seeds per pipeline ...", flush=True)
+                results[name].update(shift_recovery(options, args.shift_seeds, pool))
             if args.held_out:
                 print(f"[{name}] held out, {args.held_out} pipelines ...", flush=True)
                 results[name].update(held_out(options, args.held_out, pool))
@@ -165,17 +210,22 @@ def main(argv: list[str] | None = None) -> int:
             *(f"contended_lookup@{n}/{w}" for w in ("all", "none", "lookup") for n in OP_NOISES),
             *(f"wide_skewed@{n}/all" for n in OP_NOISES),
             *([f"held_out/{w}" for w in ("all", "none")] if args.held_out else []),
-            *(f"t95 {p}@0.2/all" for p in PIPELINES), *(f"t95 {m}/{w}" for m in ("mean", "max") for w in ("all", "none"))]
+            *(f"t95 {p}@0.2/all" for p in PIPELINES), *(f"t95 {m}/{w}" for m in ("mean", "max") for w in ("all", "none")),
+            *([*(f"shift max {p}" for p in PIPELINES), "shift mean", "shift max", f"shift runs > {SHIFT_TARGET_S:.0f} s",
+               "shift post-shift share"]
+              if args.shift_seeds else [])]
     width = max(len(k) for k in keys)
     print(f"\n{'share of the optimum':{width}}  " + "  ".join(f"{a:>18}" for a in arms))
     for k in keys:
         base = results["default"][k]
-        cells = [f"{results[a][k]:.3f}" + (f" ({results[a][k] / base:.3f}x)" if a != "default" else "")
+        cells = [f"{results[a][k]:.3f}" + (f" ({results[a][k] / base:.3f}x)"
+                                            if a != "default" and 0 < base < math.inf else "")
                  for a in arms]
         print(f"{k:{width}}  " + "  ".join(f"{c:>18}" for c in cells))
     print("(/all: every operator warming up at 0.4 for 6 s; /none: no warm-up; /lookup: the lookup alone "
           "at 0.35 for 7 s; @n: extra noise on the operators' counters; t95: steps to 95% of the final level, "
-          "lower is better)")
+          "lower is better; shift: seconds from the YAML's cost shift to 95% of the post-shift level, lower is "
+          "better)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"arms": arms, "seeds": args.seeds, "held_out": args.held_out,
