@@ -345,3 +345,23 @@ def test_while_a_pass_climbs_a_move_carries_on_to_the_next_bottlenecks():
     hold.chain_slots, hold.hold_override_gain, hold.grow_tied_pairs = 6, None, False
     fs = FeatureState(list(alloc))
     assert hold.act(obs, alloc, specs, 16.0, fs)[0] is None and not fs.climbing  # its hold ends the climb
+
+
+def test_the_chain_grows_an_operator_with_noisy_counters_by_as_few_slots_as_its_own_move_would():
+    """c's counters are noisy (its measured capacity strays 30% between windows): a "+1 c" of its own would
+    give it at most ``noisy_max_repeat`` slots, and so does the chain that carries a "+1 b" on to it (live,
+    a chain took the contended lookup 4 -> 8 slots in one move)."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0), OpSpec("d", 1.0)]
+    alloc = {"a": 6, "b": 4, "c": 2, "d": 6}
+    # b binds (500/s); c (2 slots, 260/s each) is next; a and d have slots to spare
+    obs = _obs({"a": 6000.0, "b": 500.0, "c": 520.0, "d": 6000.0}, alloc, 500.0)
+    quiet = _AlwaysWants(2)
+    quiet.chain_slots = 6
+    chained, _ = quiet.act(obs, alloc, specs, 18.0, FeatureState(list(alloc)))
+    assert chained["c"] == 4  # doubled: as far as the chain takes any operator
+    noisy_fs = FeatureState(list(alloc))
+    noisy_fs.scaling.noise["c"] = 0.3
+    noisy = _AlwaysWants(2)
+    noisy.chain_slots, noisy.noisy_max_repeat = 6, 1
+    capped, what = noisy.act(obs, alloc, specs, 18.0, noisy_fs)
+    assert capped["c"] == 3 and capped["b"] > 4 and "then +1 c" in what, (capped, what)

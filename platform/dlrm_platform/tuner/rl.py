@@ -126,13 +126,15 @@ class RLPolicyRunner:
     #: slots) is within a linear operator's noise, and one slot at a time held simulated ones back
     one_slot_after_release: bool = False
     #: while a pass still climbs (it has not held with every operator measured, nor moved back), a "+1"
-    #: carries on to the operators that bound the pipeline after it, this many slots at most in all
+    #: carries on to the operators that bound the pipeline after it, this many slots at most in all, each
+    #: operator as far as a "+1" of its own would take it (``_most_slots``) and to double its slots at most
     #: (``actions.grow_next_bottlenecks``; 0, the default: the one operator the net picked). Simulated
-    #: (tuner_rl_options.py, 10 seeds): steps to 95% of the final level 28.4 -> 22.6 on average (wide_skewed
-    #: 51 -> 37), the share of the optimum unchanged (0.938 / 0.950 -> 0.943 / 0.942; held out 0.986 / 0.973 ->
-    #: 0.987 / 0.974). Live it has been run only beside rl_judge_moves (tuner/README.md, runs 45-47), where the
-    #: pipeline's own start, not the moves, decided the time to 95%; its first move took the contended lookup
-    #: 4 -> 8 slots: off until measured alone
+    #: (tuner_rl_options.py, 10 seeds) it reaches 95% of the final level sooner (22.5 against 28.8 steps)
+    #: at the same share of the optimum. Live, alone (tuner/README.md, run 49; 100 s rounds, samples/s):
+    #: contended_lookup 5,850 / 5,800 / 6,000 / 5,850 against 6,200 / 6,300 / 5,950 / 6,200 (its first move
+    #: took the lookup 4 -> 7 or 8 before the lookup's noise was measured, the step read unpaid, a limit held
+    #: it at 4 for the rest of the round or most of it), and no sooner to 95% on wide_skewed (38.5 / 42.5 /
+    #: 74.5 s against 28.5 / 41.5 / 33.5 s): off
     chain_slots: int = 0
     #: judge a move that grew an operator with noisy counters by what the pipeline delivered end to end
     #: (``RLPolicy``, ``scaling.AllocationThroughput``; policy option ``rl_judge_moves``; off: README, End-to-end
@@ -281,22 +283,16 @@ class RLPolicyRunner:
         most = self.max_repeat
         if 1 <= a <= min(K_MAX, len(specs)):
             name = specs[a - 1].name
-            if name in limits:
-                most = max(1, min(most, limits[name] - alloc[name]))
-            if self.noisy_max_repeat is not None and fs.scaling.noise.get(name, 0.0) > self.noisy_growth_noise:
-                most = min(most, self.noisy_max_repeat)  # its counters cannot tell a big step's overshoot
-            if self.slope_sized_growth and (share := fs.scaling.marginal_share(name, alloc[name])) is not None:
-                most = max(1, min(most, int(most * max(share, 0.0))))
-            if self.one_slot_after_release and name in fs.scaling.released:
-                most = 1
+            most = self._most_slots(name, alloc, limits, fs)
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound)
         what = describe_action(a, [s.name for s in specs])
         if new == alloc:
             fs.climbing = False  # it held with every operator measured: what follows refines, one operator a move
         if self.chain_slots and fs.climbing and 1 <= a <= K_MAX and new != alloc:
-            # each operator as far as a "+1" of its own may take it: its limit, max_repeat, double its slots
-            cap = {n: min(limits.get(n, math.inf), alloc[n] + self.max_repeat, 2 * alloc[n]) for n in eligible}
+            # each operator as far as a "+1" of its own may take it (its limit, max_repeat, fewer where noisy or
+            # where its last step added less than a linear gain), and to double its slots at most
+            cap = {n: min(alloc[n] + self._most_slots(n, alloc, limits, fs), 2 * alloc[n]) for n in eligible}
             cap[name] = min(cap.get(name, new[name]), alloc[name] + most)  # the net's pick: as sized above
             new, chain = grow_next_bottlenecks(alloc, new, specs, budget, caps, cap, max_slots=self.chain_slots,
                                                min_gain=self.shield_min_gain, memory_bound=memory_bound)
@@ -305,6 +301,20 @@ class RLPolicyRunner:
         fs.tick()
         fs.note_action(alloc, new)
         return (new if new != alloc else None), what
+
+    def _most_slots(self, name: str, alloc: Allocation, limits: dict[str, int], fs: FeatureState) -> int:
+        """The most slots one move may give ``name``: ``max_repeat``, within its measured limit, fewer where
+        its counters are noisy or its last measured step added less than a linear gain."""
+        most = self.max_repeat
+        if name in limits:
+            most = max(1, min(most, limits[name] - alloc[name]))
+        if self.noisy_max_repeat is not None and fs.scaling.noise.get(name, 0.0) > self.noisy_growth_noise:
+            most = min(most, self.noisy_max_repeat)  # its counters cannot tell a big step's overshoot
+        if self.slope_sized_growth and (share := fs.scaling.marginal_share(name, alloc[name])) is not None:
+            most = max(1, min(most, int(most * max(share, 0.0))))
+        if self.one_slot_after_release and name in fs.scaling.released:
+            most = 1
+        return most
 
     def _measured_enough(self, fs: FeatureState, name: str, k: int) -> bool:
         """``name`` measured steady at ``k`` slots enough to be grown again: once, where the step up to
