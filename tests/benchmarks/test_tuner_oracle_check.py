@@ -338,3 +338,32 @@ def test_an_earlier_winner_named_on_the_command_line_is_the_oracles_pick_from_ro
     with pytest.raises(SystemExit):  # the oracle must run to be measured
         bench.main(["--pipeline", str(bench.ROOT / "benchmarks/pipelines/contended_lookup.yaml"), "--policies", "rl",
                     "--oracle-pick", "4/6/7/5/2"])
+
+
+def _rows_at(rates: list[tuple[float, float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """A row batch every 0.1 s at ``rate`` rows/s over each (start, end, rate) stretch."""
+    ts = np.concatenate([np.arange(a + 0.05, b, 0.1) for a, b, _ in rates])
+    rows = np.concatenate([np.full(len(np.arange(a + 0.05, b, 0.1)), r * 0.1) for a, b, r in rates])
+    return ts, rows
+
+
+def test_the_recovery_from_a_cost_shift_counts_from_when_the_shift_reaches_the_sink(bench):
+    # shift at 60 s; the blocks in flight carry the old 1,000/s to 70 s, then 500/s until rl moves at 90 s
+    ts, rows = _rows_at([(0, 70, 1000.0), (70, 90, 500.0), (90, 130, 900.0)])
+    first_reach = bench.seconds_to(ts, rows, 0.95 * 900.0, after=60.0) - 60.0
+    recovery = bench.recovery_seconds(ts, rows, 60.0, 900.0, 102.0)
+    assert first_reach < 5.0  # the first window after the shift: the shift had not reached the sink
+    assert 28.0 <= recovery <= 36.0, recovery
+
+
+def test_a_shift_the_pipeline_never_felt_takes_no_time_and_a_late_dip_counts(bench):
+    ts, rows = _rows_at([(0, 130, 1000.0)])
+    assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 112.0) == 0.0
+    # back at once, then a move 40 s on that costs two thirds of the throughput for 6 s
+    ts, rows = _rows_at([(0, 60, 1000.0), (60, 100, 1000.0), (100, 106, 300.0), (106, 130, 1000.0)])
+    assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 112.0) >= 46.0
+    # the post-shift level's own span swings as deep as 0.75 of it (coarse blocks): no dip
+    ts, rows = _rows_at([(0, 60, 1000.0), (60, 115, 1000.0), (115, 120, 500.0), (120, 130, 1000.0)])
+    assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 112.0) == 0.0
+    ts, rows = _rows_at([(0, 60, 1000.0), (60, 130, 500.0)])
+    assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 112.0) is None  # never back at 95%
