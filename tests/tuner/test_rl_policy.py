@@ -365,3 +365,23 @@ def test_the_chain_grows_an_operator_with_noisy_counters_by_as_few_slots_as_its_
     noisy.chain_slots, noisy.noisy_max_repeat = 6, 1
     capped, what = noisy.act(obs, alloc, specs, 18.0, noisy_fs)
     assert capped["c"] == 3 and capped["b"] > 4 and "then +1 c" in what, (capped, what)
+
+
+def test_a_hold_says_why_the_bottleneck_was_not_grown():
+    """b binds at 6 slots (600/s); its counters are noisy (30%), so the shield asks a "+1" for 25% and one
+    slot more predicts +17%: the net's "+1 b" is vetoed and the hold says so. Where b is at its measured
+    limit, the hold says that instead."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 6, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 600.0, "c": 2000.0}, alloc, 600.0)
+    runner = _AlwaysWants(2)
+    runner.scaling_margin = None  # the shield alone
+    fs = FeatureState(list(alloc))
+    fs.scaling.noise["b"] = 0.3
+    new, what = runner.act(obs, alloc, specs, 14.0, fs)
+    assert new is None and what.startswith("hold"), what
+    assert "+1 b, the bottleneck, predicts +17%; a move must clear 25%" in what, what
+    at_limit = FeatureState(list(alloc))
+    at_limit.scaling.limit = lambda name: 6 if name == "b" else None  # more slots measured not to pay
+    held, what = _AlwaysWants(2).act(obs, alloc, specs, 14.0, at_limit)
+    assert held is None and "b, the bottleneck, is at its measured limit of 6 slots" in what, what

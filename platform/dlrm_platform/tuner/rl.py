@@ -19,10 +19,12 @@ import numpy as np
 
 from dlrm_platform.tuner.actions import (
     K_MAX,
+    apply_action,
     describe_action,
     grow_next_bottlenecks,
     grow_tied_pair,
     grow_while_it_pays,
+    predicted_bottleneck,
     vetoed_actions,
 )
 from dlrm_platform.tuner.features import FeatureState, featurize
@@ -298,9 +300,32 @@ class RLPolicyRunner:
                                                min_gain=self.shield_min_gain, memory_bound=memory_bound)
             if chain:
                 what += ", then " + ", ".join(f"+1 {n}" for n in chain) + ": the next bottlenecks"
+        if a == 0:
+            what += self._why_hold(obs, alloc, specs, budget, caps, limits, fs, min_gain, memory_bound)
         fs.tick()
         fs.note_action(alloc, new)
         return (new if new != alloc else None), what
+
+    def _why_hold(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
+                  caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState, min_gain: float,
+                  memory_bound: bool) -> str:
+        """Why a hold left the bottleneck as it is, for the decision log: at its measured limit, not yet
+        measured steady at its slots, or a "+1" whose predicted gain the shield found too small (live, a
+        shifted operator held 25 s as the named bottleneck with nothing in the log to say why)."""
+        b = obs.bottleneck()
+        k = next((i for i, s in enumerate(specs[:K_MAX]) if s.name == b), None)
+        if b is None or k is None:
+            return ""
+        if b in limits and alloc[b] >= limits[b]:
+            return f" ({b}, the bottleneck, is at its measured limit of {limits[b]} slots)"
+        if self.scaling_margin is not None and not self._measured_enough(fs, b, alloc[b]):
+            return f" ({b}, the bottleneck, is not yet measured steady at {alloc[b]} slots)"
+        now = predicted_bottleneck(alloc, caps, alloc)
+        grown = apply_action(1 + k, alloc, specs, budget, caps, memory_bound)
+        if not math.isfinite(now) or now <= 0 or grown == alloc:
+            return ""
+        gain = predicted_bottleneck(alloc, caps, grown) / now - 1.0
+        return f" (+1 {b}, the bottleneck, predicts {gain:+.0%}; a move must clear {min_gain:.0%})"
 
     def _most_slots(self, name: str, alloc: Allocation, limits: dict[str, int], fs: FeatureState) -> int:
         """The most slots one move may give ``name``: ``max_repeat``, within its measured limit, fewer where
