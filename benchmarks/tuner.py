@@ -19,9 +19,10 @@ without a delivered row after the first one) and crashes (the JSON also keeps
 every move with the policy's reason, ``moves``, and what it observed each
 interval, ``timeline``); then the shift
 scenario (an operator's cost changes mid-run): time to recover to 95% of the
-post-shift steady state and the throughput recovered to. ``oracle`` measures a
-shortlist of allocations live: every allocation within the budget is scored by
-the model measured live after a warm-up (or, with ``--oracle-shortlist truth``,
+post-shift steady state and the throughput recovered to, each level also as a
+share of the model optimum before and after the shift (a policy that never
+recovers reaches its low level at once). ``oracle`` measures a shortlist of
+allocations live: every allocation within the budget is scored by the model measured live after a warm-up (or, with ``--oracle-shortlist truth``,
 by the YAML's overhead-free true costs) and the best ``--oracle-k`` are each
 measured live (4 s to settle, then the mean rate over 8 s); the best 3 of those are
 measured again for 20 s each and the best of that second measurement is kept (the
@@ -904,6 +905,15 @@ def summarise(pipe: PipelineDef, suite: dict, policies: list[str]) -> dict:
     opt_alloc, opt = expected_optimum(pipe)
     out["model_optimum"] = {"allocation": opt_alloc, "samples_per_s": opt,
                             "note": "true cost model, no Ray overheads: an upper bound"}
+    if out["shift"] and pipe.shift is not None:
+        # a recovery is timed to the level a policy reached after the shift: one that never recovers reaches
+        # its low level at once, so each level is also put against the model's optimum before and after
+        post_alloc, post_opt = expected_optimum(pipe.shifted())
+        out["shift_model_optimum"] = {"allocation": post_alloc, "samples_per_s": post_opt}
+        for v in out["shift"].values():
+            v["pre_share_of_model_optimum"] = v["pre_shift_samples_per_s"] / opt if opt > 0 else None
+            v["recovered_share_of_model_optimum"] = (v["recovered_samples_per_s"] / post_opt if post_opt > 0
+                                                     else None)
     eff = effective_optimum(pipe, runs)
     if eff is not None:
         out["effective_optimum"] = eff
@@ -943,10 +953,15 @@ def print_table(kind: str, s: dict, policies: list[str]) -> None:
               + (f" = {s['ceiling_vs_ray_default']:.2f}x ray_default (what Ray Data itself can move here)"
                  if "ceiling_vs_ray_default" in s else ""))
     if s["shift"]:
-        print("shift scenario: recovery to 95% of the post-shift steady state")
+        print("shift scenario: recovery to 95% of the post-shift steady state"
+              + (f" (model optimum after the shift {m['samples_per_s']:,.0f} samples/s at {m['allocation']})"
+                 if (m := s.get("shift_model_optimum")) else ""))
         for p, v in s["shift"].items():
+            share = ("" if v.get("recovered_share_of_model_optimum") is None else
+                     f" ({v['pre_share_of_model_optimum']:.2f} / {v['recovered_share_of_model_optimum']:.2f} of the"
+                     " model optimum before / after)")
             print(f"  {p:<12} pre {v['pre_shift_samples_per_s']:>8,.0f}  recovered {v['recovered_samples_per_s']:>8,.0f}"
-                  f" samples/s  recovery {v['recovery_s']} s")
+                  f" samples/s{share}  recovery {v['recovery_s']} s")
     for o in s.get("oracle_runs", []):
         searched = ("no search (an earlier round's pick)" if o["search_run_samples_per_s"] is None
                     else f"{o['search_run_samples_per_s']:,.0f} samples/s at the end of its search run")

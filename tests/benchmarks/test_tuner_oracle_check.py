@@ -367,3 +367,25 @@ def test_a_shift_the_pipeline_never_felt_takes_no_time_and_a_late_dip_counts(ben
     assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 112.0) == 0.0
     ts, rows = _rows_at([(0, 60, 1000.0), (60, 130, 500.0)])
     assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 112.0) is None  # never back at 95%
+
+
+def test_a_shift_runs_levels_are_put_against_the_model_optimum_before_and_after_the_shift(bench, capsys):
+    """A policy that never recovers from the shift reaches its low level at once, and its recovery time alone
+    reads fast (live, rl held per_task_overhead's shifted sparse hash at 6 slots for 70 s: "8.5 s"); the
+    summary puts each level against the model's optimum before and after the shift."""
+    from pathlib import Path
+
+    pipe = bench.load_pipeline(Path(bench.ROOT) / "benchmarks/pipelines/per_task_overhead.yaml")
+    alloc = {op.name: op.concurrency for op in pipe.operators}
+    run = {**_run(12_000.0, [12_000.0] * 8), "seconds_to_95pct": 30.0, "peak_object_store_bytes": 0,
+           "final_allocation": alloc, "moves": []}
+    shift = {**run, "pre_shift_samples_per_s": 12_600.0, "post_shift_samples_per_s": 6_686.0, "recovery_s": 8.5}
+    s = bench.summarise(pipe, {"runs": {"rl": [run]}, "shift_runs": {"rl": [shift]}, "ceiling_runs": []}, ["rl"])
+    _, pre_opt = bench.expected_optimum(pipe)
+    _, post_opt = bench.expected_optimum(pipe.shifted())
+    assert s["shift_model_optimum"]["samples_per_s"] == pytest.approx(post_opt) and post_opt < pre_opt
+    assert s["shift"]["rl"]["recovered_share_of_model_optimum"] == pytest.approx(6_686.0 / post_opt)
+    assert s["shift"]["rl"]["pre_share_of_model_optimum"] == pytest.approx(12_600.0 / pre_opt)
+    bench.print_table("local", s, ["rl"])
+    assert f"{12_600.0 / pre_opt:.2f} / {6_686.0 / post_opt:.2f} of the model optimum before / after" \
+        in capsys.readouterr().out

@@ -108,6 +108,15 @@ class PipelineDef(_Strict):
         return self
 
     # -- derived
+    def shifted(self) -> PipelineDef:
+        """The pipeline after its cost shift (the shifted operator's cost per row times ``shift.factor``, as
+        ``set_cost_multipliers`` applies it live); itself where it has none."""
+        if self.shift is None:
+            return self
+        ops = [o.model_copy(update={"ms_per_1k_rows": o.ms_per_1k_rows * self.shift.factor})
+               if o.name == self.shift.operator else o for o in self.operators]
+        return self.model_copy(update={"operators": ops, "shift": None})
+
     def op_specs(self, initial: str = "config") -> list[OpSpec]:
         return [OpSpec(o.name, o.num_cpus, initial=o.concurrency if initial == "config" else 1)
                 for o in self.operators]
