@@ -22,7 +22,8 @@ scenario (an operator's cost changes mid-run): time to recover to 95% of the
 post-shift steady state and the throughput recovered to, each level also as a
 share of the model optimum before and after the shift (a policy that never
 recovers reaches its low level at once). ``oracle`` measures a shortlist of
-allocations live: every allocation within the budget is scored by the model measured live after a warm-up (or, with ``--oracle-shortlist truth``,
+allocations live: every allocation within the budget is scored by the model
+measured live after a warm-up (or, with ``--oracle-shortlist truth``,
 by the YAML's overhead-free true costs) and the best ``--oracle-k`` are each
 measured live (4 s to settle, then the mean rate over 8 s); the best 3 of those are
 measured again for 20 s each and the best of that second measurement is kept (the

@@ -42,9 +42,10 @@ def test_missing_policy_path_is_a_user_error(tmp_path):
         resolve_policy_path(tmp_path / "nope")
 
 
-def _obs(caps, alloc, thr):
-    ops = [OpObs(n, alloc[n], 1.0, thr, caps[n] / alloc[n], 1.0, alloc[n] * 0.9, 0.9, 0.0, 2.0, 1e6,
-                 capacity=caps[n], measured=True) for n in alloc]
+def _obs(caps, alloc, thr, util=None):
+    util = util or {}
+    ops = [OpObs(n, alloc[n], 1.0, thr, caps[n] / alloc[n], 1.0, alloc[n] * util.get(n, 0.9), util.get(n, 0.9), 0.0,
+                 2.0, 1e6, capacity=caps[n], measured=True) for n in alloc]
     return Observation(10.0, 3.0, ops, thr, 1e7, 1e9, 0.0, float(sum(alloc.values())),
                        extra={"sink_factors": [1.0] * len(ops)})
 
@@ -367,20 +368,66 @@ def test_the_chain_grows_an_operator_with_noisy_counters_by_as_few_slots_as_its_
     assert capped["c"] == 3 and capped["b"] > 4 and "then +1 c" in what, (capped, what)
 
 
-def test_a_hold_says_why_the_bottleneck_was_not_grown():
-    """b binds at 6 slots (600/s); its counters are noisy (30%), so the shield asks a "+1" for 25% and one
-    slot more predicts +17%: the net's "+1 b" is vetoed and the hold says so. Where b is at its measured
-    limit, the hold says that instead."""
+def test_the_shield_judges_the_move_the_runner_would_make():
+    """b binds at 6 slots (600/s), all its slots busy while a and c idle; b's counters are noisy (30%), so
+    the shield asks a move for 25%. One slot more predicts +17% (1/6), and judged by that one slot b could
+    never grow at 6 slots or more (live, a shifted operator sat 100% busy for 70 s); the move the runner
+    makes for a noisy operator is +2 (``noisy_max_repeat``), +33%: allowed. Held without ``sized_shield``,
+    and where a and c are busy too (a balanced allocation: the predicted gain may be the counters' noise)."""
     specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
     alloc = {"a": 4, "b": 6, "c": 4}
+    caps = {"a": 4000.0, "b": 600.0, "c": 2000.0}
+    waited_on = _obs(caps, alloc, 600.0, util={"a": 0.15, "b": 1.0, "c": 0.3})
+    all_busy = _obs(caps, alloc, 600.0, util={"a": 0.95, "b": 1.0, "c": 0.9})
+    for sized, obs in ((True, waited_on), (False, waited_on), (True, all_busy)):
+        runner = _AlwaysWants(2)
+        runner.scaling_margin = None  # the shield alone
+        runner.sized_shield = sized
+        fs = FeatureState(list(alloc))
+        fs.scaling.noise["b"] = 0.3
+        new, what = runner.act(obs, alloc, specs, 14.0, fs)
+        if sized and obs is waited_on:
+            assert new == {"a": 2, "b": 8, "c": 4} and what == "+1 b", (new, what)  # a had the most to spare
+        else:
+            assert new is None and "+1 b, the bottleneck, predicts +17%; a move must clear 25%" in what, what
+
+
+def test_the_sized_bar_waits_until_the_step_to_the_operators_slots_is_judged():
+    """As above, with the measured scaling on: b measured once at its 6 slots is held to the one-slot bar
+    (live, the contended lookup went 7 -> 9 on its first reading at 7, past its peak); measured there as
+    often as ``ScalingMemory.limit`` asks to judge a step, its sized move is allowed."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 6, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 600.0, "c": 2000.0}, alloc, 600.0, util={"a": 0.15, "b": 1.0, "c": 0.3})
+    for times, grown in ((1, False), (3, True)):
+        runner = _AlwaysWants(2)
+        runner.sized_shield = True
+        fs = FeatureState(list(alloc))
+        fs.scaling.noise["b"] = 0.3
+        fs.scaling.curves["b"] = {6: (600.0, fs.scaling.step, times, None)}
+        new, what = runner.act(obs, alloc, specs, 14.0, fs)
+        assert (new is not None and new["b"] == 8) == grown, (times, new, what)
+
+
+def test_a_hold_says_why_the_bottleneck_was_not_grown():
+    """b binds at 10 slots (1,000/s); its counters are noisy (30%), so the shield asks a move for 25%, and
+    one slot more predicts +10% (with ``sized_shield``, the move the runner would make, +2 for a noisy
+    operator, +20%): the net's "+1 b" is vetoed and the hold says so. Where b is at its measured limit, the
+    hold says that instead."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 10, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 1000.0, "c": 2000.0}, alloc, 1000.0, util={"a": 0.25, "b": 1.0, "c": 0.5})
+    for sized, said in ((True, "+2 b, the bottleneck, predicts +20%"), (False, "+1 b, the bottleneck, predicts +10%")):
+        runner = _AlwaysWants(2)
+        runner.scaling_margin = None  # the shield alone
+        runner.sized_shield = sized  # the bar is for the move the runner would make: the hold names that one
+        fs = FeatureState(list(alloc))
+        fs.scaling.noise["b"] = 0.3
+        new, what = runner.act(obs, alloc, specs, 20.0, fs)
+        assert new is None and what.startswith("hold"), what
+        assert f"{said}; a move must clear 25%" in what, what
+    alloc = {"a": 4, "b": 6, "c": 4}
     obs = _obs({"a": 4000.0, "b": 600.0, "c": 2000.0}, alloc, 600.0)
-    runner = _AlwaysWants(2)
-    runner.scaling_margin = None  # the shield alone
-    fs = FeatureState(list(alloc))
-    fs.scaling.noise["b"] = 0.3
-    new, what = runner.act(obs, alloc, specs, 14.0, fs)
-    assert new is None and what.startswith("hold"), what
-    assert "+1 b, the bottleneck, predicts +17%; a move must clear 25%" in what, what
     at_limit = FeatureState(list(alloc))
     at_limit.scaling.limit = lambda name: 6 if name == "b" else None  # more slots measured not to pay
     held, what = _AlwaysWants(2).act(obs, alloc, specs, 14.0, at_limit)

@@ -318,7 +318,8 @@ def test_rl_asks_a_move_for_more_gain_where_the_bottleneck_measures_noisily():
 
 
 #: rl's move-size options as they were before run 48 turned them on (tuner/README.md)
-BEFORE_RUN_48 = {"rl_noisy_max_repeat": None, "rl_delivered_max_age": None, "rl_slope_sized_growth": False}
+BEFORE_RUN_48 = {"rl_noisy_max_repeat": None, "rl_delivered_max_age": None, "rl_slope_sized_growth": False,
+                 "rl_sized_shield": False}
 
 
 def _rl_share_with_noisy_counters(pipeline: str, op_noise: float, seeds: int, block_rows: float | None = None,
@@ -780,3 +781,34 @@ def test_under_the_judgement_a_cost_shift_forgets_what_allocations_delivered_bef
     policy.decide(obs, {"a": 2, "b": 2}, specs, 8.0)
     assert policy.fs.moves.key({"a": 1, "b": 2}) not in policy.fs.moves.measured
     assert policy.fs.moves.limit("a", 30.0) is None and policy.shifts_seen == 1
+
+
+def test_an_expired_limit_leaves_its_steps_slope_to_size_the_next_move():
+    """4 -> 5 slots of a did not pay (limit 4); a runs on at 5 until the point at 4 expires, and with it the
+    limit. With ``keep_expired_slope`` the step's slope (no gain: share 0) still answers ``marginal_share``
+    at 5, so rl's next "+1" is one slot, not ``max_repeat`` (live, the contended lookup went 5 -> 9 in one
+    move once the limit had expired); once a smaller count is measured again, or after a cost shift, it
+    answers from the curve."""
+    for keep in (True, False):
+        mem = ScalingMemory(["a"], horizon=30, horizon_above=90, limit_hysteresis=0.1, shift_rescales=True,
+                            keep_expired_slope=keep)
+        for _ in range(3):
+            mem.record({"a": 4}, {"a": 1000.0})
+        for _ in range(3):
+            mem.record({"a": 5}, {"a": 1010.0})
+        assert mem.limit("a") == 4
+        for _ in range(30):
+            mem.record({"a": 5}, {"a": 1010.0})
+            mem.limit("a")
+        assert 4 not in mem.curves["a"] and mem.limit("a") is None  # the evidence expired
+        share = mem.marginal_share("a", 5)
+        if keep:
+            assert share is not None and share < 0.1, share
+        else:
+            assert share is None
+    mem.keep_expired_slope = True
+    mem.expired_share["a"] = (5, 0.0)
+    mem.record({"a": 3}, {"a": 800.0})
+    assert mem.marginal_share("a", 5) == pytest.approx(((1010.0 - 800.0) / 2) / (1010.0 / 5))
+    mem.record({"a": 5}, {"a": 3000.0})  # its cost fell 3x: a shift
+    assert "a" not in mem.expired_share

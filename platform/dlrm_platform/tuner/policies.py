@@ -716,7 +716,10 @@ class RLPolicy(Policy):
                           "rl_noisy_growth_noise": ("noisy_growth_noise", float),
                           "rl_slope_sized_growth": ("slope_sized_growth", bool),
                           "rl_one_slot_after_release": ("one_slot_after_release", bool),
-                          "rl_chain_slots": ("chain_slots", int)}
+                          "rl_chain_slots": ("chain_slots", int),
+                          "rl_sized_shield": ("sized_shield", bool),
+                          "rl_sized_shield_others_util": ("sized_shield_others_util",
+                                                          lambda v: None if v is None else float(v))}
         if runner_options.keys() & self.opts.keys():  # this job's own copy (the loaded runner is per process)
             self.runner = copy.copy(self.runner)
             for option, (attr, kind) in runner_options.items():
@@ -771,6 +774,8 @@ class RLPolicy(Policy):
                                                               self.runner.scaling_delivered_max_age, int),
                              # the end-to-end judgement compares allocations across moves, so it must
                              # know when a move straddled a cost shift
+                             keep_expired_slope=bool(self.opts.get("rl_slope_after_expiry",
+                                                                   self.runner.slope_after_expiry)),
                              cross_count_shift=self._optional(
                                  "rl_cross_count_shift",
                                  self.runner.cross_count_shift if self._judges_moves() else None, float))

@@ -127,6 +127,13 @@ class RLPolicyRunner:
     #: delivered 5,400-5,800). Only a step of two slots or more: a one-slot step's "did not pay" (1.4% at 18
     #: slots) is within a linear operator's noise, and one slot at a time held simulated ones back
     one_slot_after_release: bool = False
+    #: a held limit that expired with its lower point sizes the next move by its step's slope
+    #: (``ScalingMemory.keep_expired_slope``, with ``slope_sized_growth``): live, the contended lookup's next
+    #: move after such an expiry went 6 -> 7 where it had gone +2 to +4, but over 4 interleaved rounds
+    #: (tuner/README.md, run 50) 6,212 samples/s against 6,188 (its other re-growths are not after a held
+    #: limit), and simulated the slowest per_task_overhead cost shift took 23 s against 14 (a step measured
+    #: before a shift the memory did not see still sizes the moves after it): off
+    slope_after_expiry: bool = False
     #: while a pass still climbs (it has not held with every operator measured, nor moved back), a "+1"
     #: carries on to the operators that bound the pipeline after it, this many slots at most in all, each
     #: operator as far as a "+1" of its own would take it (``_most_slots``) and to double its slots at most
@@ -144,6 +151,23 @@ class RLPolicyRunner:
     judge_moves: bool = False
     #: with it, a count that delivers less than half a smaller count's is a cost shift (``ScalingMemory``)
     cross_count_shift: float = 0.5
+    #: the shield's bar (``required_gain``) is for the move the runner would make (``_most_slots``, each
+    #: slot paying as ``grow_while_it_pays`` asks), not for one slot: a "+1" to an operator at k slots gains
+    #: 1/k at most, so under a bar of 25% (noisy counters) nothing at 5 slots or more could grow however idle
+    #: the rest of the pipeline. Live, per_task_overhead's sparse hash, its cost doubled, sat at 6 slots and
+    #: 100% busy for 70 s (every other operator 10-30% busy): "+1 predicts +17%; a move must clear 25%".
+    #: Live (tuner/README.md, run 50): per_task_overhead before its shift at 0.80-0.84 of the model's optimum
+    #: (3 runs) against 0.58-0.70 (2), after it 0.69-0.86 against 0.50-0.61; contended_lookup 5,890 samples/s
+    #: (5 rounds) against 5,996 (12), within the rounds' spread once a move waits for its step to be judged
+    #: (``_waited_on``; without that, 5,467 over 3). Simulated: unchanged
+    sized_shield: bool = True
+    #: ... for an operator whose slots are this busy while every other operator is busy at most
+    #: ``sized_shield_others_util`` of its slots: the rest of the pipeline waits on it, which its busy
+    #: slot-seconds say however few of its blocks finish in a window (None: for any operator). Simulated
+    #: at counter noise 0.4 the sized bar for any operator let noise-predicted gains of two slots through
+    #: (wide_skewed 0.895 -> 0.852 of the optimum)
+    sized_shield_util: float = 0.9
+    sized_shield_others_util: float | None = 0.8
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -243,7 +267,7 @@ class RLPolicyRunner:
         # the net sees the plain mask (as in training); the shield only vetoes its choice
         memory_bound = obs.at_memory_limit  # "+1" only from upstream slots (actions.py)
         min_gain = self.required_gain(obs, fs)
-        allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, min_gain, memory_bound)
+        allowed = self._shield(obs, mask, alloc, specs, budget, caps, limits, fs, min_gain, memory_bound)
         growable = set()  # may take a slot more, whatever the shield's linear model says it gains
         eligible = set()  # may take a slot more where the shield's linear model says it gains
         for k, s in enumerate(specs[:K_MAX]):
@@ -265,8 +289,8 @@ class RLPolicyRunner:
             # operator: take the one the net likes best among those (its hold was a mistake).
             grow = np.zeros_like(allowed)
             grow[1:1 + K_MAX] = allowed[1:1 + K_MAX]
-            strong = grow & ~vetoed_actions(grow, alloc, specs, budget, caps, max(self.hold_override_gain, min_gain),
-                                            memory_bound)
+            strong = self._shield(obs, grow, alloc, specs, budget, caps, limits, fs,
+                                  max(self.hold_override_gain, min_gain), memory_bound)
             if strong.any():
                 a = self.choose(vec, strong)
                 self.stats["overridden"] += 1
@@ -306,6 +330,48 @@ class RLPolicyRunner:
         fs.note_action(alloc, new)
         return (new if new != alloc else None), what
 
+    def _shield(self, obs: Observation, mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
+                caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState, min_gain: float,
+                memory_bound: bool) -> np.ndarray:
+        """The actions of ``mask`` the shield allows: those predicted to raise the bottleneck by ``min_gain``
+        (``vetoed_actions``), and with ``sized_shield`` a "+1" whose move, as the runner would size it,
+        is (``_sized_move``), for an operator the rest of the pipeline waits on (``_waited_on``)."""
+        allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, min_gain, memory_bound)
+        if self.sized_shield:
+            for k in range(min(K_MAX, len(specs))):
+                if mask[1 + k] and not allowed[1 + k] and self._waited_on(obs, alloc, fs, specs[k].name):
+                    sized = self._sized_move(1 + k, alloc, specs, budget, caps, limits, fs, memory_bound)
+                    allowed[1 + k] = sized is not None and sized[1] >= min_gain
+        return allowed
+
+    def _waited_on(self, obs: Observation, alloc: Allocation, fs: FeatureState, name: str) -> bool:
+        """``name`` measured at its slots often enough for ``ScalingMemory.limit`` to judge the step that led
+        there (live, the contended lookup went 7 -> 9 on its first reading at 7, past its peak), its slots
+        busy (``sized_shield_util``) and every other running operator's not (``sized_shield_others_util``;
+        None: any operator counts as waited on)."""
+        if self.scaling_margin is not None and not fs.scaling.measured_often(name, alloc[name]):
+            return False
+        if self.sized_shield_others_util is None:
+            return True
+        me = next((o for o in obs.ops if o.name == name), None)
+        if me is None or me.util < self.sized_shield_util:
+            return False
+        return all(o.util <= self.sized_shield_others_util for o in obs.ops if o.name != name and not o.completed)
+
+    def _sized_move(self, a: int, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
+                    caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState,
+                    memory_bound: bool) -> tuple[Allocation, float] | None:
+        """"+1" ``a`` as the runner would make it (up to ``_most_slots`` slots, each paying
+        ``shield_min_gain``) and the bottleneck's predicted relative gain from it (None: nothing to predict
+        from)."""
+        now = predicted_bottleneck(alloc, caps, alloc)
+        if not math.isfinite(now) or now <= 0:
+            return None
+        most = self._most_slots(specs[a - 1].name, alloc, limits, fs)
+        new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most, min_gain=self.shield_min_gain,
+                                 memory_bound=memory_bound)
+        return new, predicted_bottleneck(alloc, caps, new) / now - 1.0
+
     def _why_hold(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                   caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState, min_gain: float,
                   memory_bound: bool) -> str:
@@ -325,7 +391,13 @@ class RLPolicyRunner:
         if not math.isfinite(now) or now <= 0 or grown == alloc:
             return ""
         gain = predicted_bottleneck(alloc, caps, grown) / now - 1.0
-        return f" (+1 {b}, the bottleneck, predicts {gain:+.0%}; a move must clear {min_gain:.0%})"
+        what = f"+1 {b}"
+        if self.sized_shield and self._waited_on(obs, alloc, fs, b):
+            sized = self._sized_move(1 + k, alloc, specs, budget, caps, limits, fs, memory_bound)
+            if sized is not None and sized[1] > gain:  # the bar was the sized move's: name that move
+                new, gain = sized
+                what = f"+{new[b] - alloc[b]} {b}"
+        return f" ({what}, the bottleneck, predicts {gain:+.0%}; a move must clear {min_gain:.0%})"
 
     def _most_slots(self, name: str, alloc: Allocation, limits: dict[str, int], fs: FeatureState) -> int:
         """The most slots one move may give ``name``: ``max_repeat``, within its measured limit, fewer where

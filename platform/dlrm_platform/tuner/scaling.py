@@ -73,7 +73,8 @@ class ScalingMemory:
                  shift_rescales: bool = False, horizon_above: int | None = None,
                  delivered_margin: float | None = None, rescale_since: bool = False,
                  limit_hysteresis: float | None = None, delivered_window_s: float | None = None,
-                 delivered_max_age: int | None = None, cross_count_shift: float | None = None):
+                 delivered_max_age: int | None = None, cross_count_shift: float | None = None,
+                 keep_expired_slope: bool = False):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements,
         #: smoothed samples/s the pipeline delivered while it was measured there, None where not given)
         self.curves: dict[str, dict[int, tuple[float, int, int, float | None]]] = {n: {} for n in names}
@@ -131,6 +132,12 @@ class ScalingMemory:
         #: operators whose held limit of a step of two slots or more expired with its lower point while they
         #: ran past it, and that have not grown since (rl's ``one_slot_after_release``)
         self.released: set[str] = set()
+        #: a held limit that expired with its lower point leaves its step's slope behind (operator -> (the
+        #: step's larger count, the share of a linear gain it added)): ``marginal_share`` answers from it
+        #: while no smaller count is measured again (None: off). Live, the contended lookup's limit "4 -> 5
+        #: did not pay" expired with the point at 4, and the next "+1" took it 5 -> 9 in one move
+        self.keep_expired_slope = keep_expired_slope
+        self.expired_share: dict[str, tuple[int, float]] = {}
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None],
@@ -152,6 +159,8 @@ class ScalingMemory:
                     # its evidence as old as the memory keeps any: kept on, a gradual cost shift held a
                     # simulated operator below its new optimum for the rest of the run
                     del self.held[name]
+                    if self.keep_expired_slope and (share := self._held_share(held)) is not None:
+                        self.expired_share[name] = (held.k2, share)
                     if old == held.k < k and held.k2 - held.k >= 2:
                         # the operator runs past the limit, and what lies past it is known again only
                         # by measuring it (rl's ``one_slot_after_release``)
@@ -161,6 +170,7 @@ class ScalingMemory:
                 curve.clear()
                 self.held.pop(name, None)
                 self.noise.pop(name, None)
+                self.expired_share.pop(name, None)
                 self.cross_shifts += 1
             dev = abs(cap / seen[0] - 1.0) if seen is not None and seen[0] > 0 else None
             if dev is not None and dev > self.shift_tolerance:
@@ -180,6 +190,7 @@ class ScalingMemory:
                         else:  # below; or measured since, maybe across the shift: neither scale fits it
                             del curve[j]
                     self._note_noise(name, dev)
+                    self.expired_share.pop(name, None)  # a step measured before a cost shift sizes nothing
                     if (held := self.held.get(name)) is not None:
                         # its figures from before the shifted count last was compare with it rescaled; those
                         # measured since may be from after the shift already (kept as they are: a stray
@@ -191,6 +202,7 @@ class ScalingMemory:
                     curve.clear()  # its cost changed: the rest of its curve is stale too
                     self.noise.pop(name, None)  # and the deviations on the way there were no noise
                     self.held.pop(name, None)
+                    self.expired_share.pop(name, None)
                 curve[k] = (cap, self.step, 1, got)
                 continue
             if dev is not None:
@@ -365,9 +377,19 @@ class ScalingMemory:
         at ``k`` (1: linear; from ``k`` and the next smaller count measured; None where either is not)."""
         curve = self.settled(name)
         j = _next_below(curve, k)
+        if j is None and (kept := self.expired_share.get(name)) is not None and k >= kept[0]:
+            return kept[1]  # the step of an expired limit, while nothing below is measured again
         if k not in curve or j is None or curve[k] <= 0:
             return None
         return ((curve[k] - curve[j]) / (k - j)) / (curve[k] / k)
+
+    @staticmethod
+    def _held_share(held: HeldLimit) -> float | None:
+        """The share of a linear gain the step of ``held`` added (as ``marginal_share`` reads a step)."""
+        (c, _, _), (c2, _, _) = held.points[held.k], held.points[held.k2]
+        if c2 <= 0:
+            return None
+        return ((c2 - c) / (held.k2 - held.k)) / (c2 / held.k2)
 
     def describe(self, name: str) -> str:
         curve = self.settled(name)
