@@ -50,6 +50,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
+def _step_share(c: float, j: int, c2: float, k: int) -> float | None:
+    """What the slots from ``j`` to ``k`` added per slot (capacity ``c`` to ``c2``), as a share of the mean
+    capacity per slot at ``k`` (1: linear; None where ``c2`` is not positive)."""
+    if c2 <= 0:
+        return None
+    return ((c2 - c) / (k - j)) / (c2 / k)
+
+
 def _next_below(curve: Mapping[int, float], k: int) -> int | None:
     """The largest slot count in ``curve`` smaller than ``k`` (None where there is none)."""
     return max((j for j in curve if j < k), default=None)
@@ -134,7 +142,7 @@ class ScalingMemory:
         self.released: set[str] = set()
         #: a held limit that expired with its lower point leaves its step's slope behind (operator -> (the
         #: step's larger count, the share of a linear gain it added)): ``marginal_share`` answers from it
-        #: while no smaller count is measured again (None: off). Live, the contended lookup's limit "4 -> 5
+        #: while no smaller count is measured again (False: off). Live, the contended lookup's limit "4 -> 5
         #: did not pay" expired with the point at 4, and the next "+1" took it 5 -> 9 in one move
         self.keep_expired_slope = keep_expired_slope
         self.expired_share: dict[str, tuple[int, float]] = {}
@@ -379,17 +387,14 @@ class ScalingMemory:
         j = _next_below(curve, k)
         if j is None and (kept := self.expired_share.get(name)) is not None and k >= kept[0]:
             return kept[1]  # the step of an expired limit, while nothing below is measured again
-        if k not in curve or j is None or curve[k] <= 0:
+        if k not in curve or j is None:
             return None
-        return ((curve[k] - curve[j]) / (k - j)) / (curve[k] / k)
+        return _step_share(curve[j], j, curve[k], k)
 
     @staticmethod
     def _held_share(held: HeldLimit) -> float | None:
         """The share of a linear gain the step of ``held`` added (as ``marginal_share`` reads a step)."""
-        (c, _, _), (c2, _, _) = held.points[held.k], held.points[held.k2]
-        if c2 <= 0:
-            return None
-        return ((c2 - c) / (held.k2 - held.k)) / (c2 / held.k2)
+        return _step_share(held.points[held.k][0], held.k, held.points[held.k2][0], held.k2)
 
     def describe(self, name: str) -> str:
         curve = self.settled(name)
