@@ -32,15 +32,17 @@ import uuid
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torchrec.optim.keyed import KeyedOptimizer
 
 from dlrm_platform.errors import UserError
+
+if TYPE_CHECKING:  # the job's driver checks storage with this module and need not load TorchRec (seconds)
+    from torchrec.optim.keyed import KeyedOptimizer
 
 __all__ = [
     "PROGRESS_FILE",

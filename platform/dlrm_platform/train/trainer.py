@@ -10,6 +10,7 @@ checkpoint), validated into a :class:`~.result.TrainingResult`.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,6 @@ from dlrm_platform.ingest.feed_client import (
 )
 from dlrm_platform.ingest.feed_report import FeedReport
 from dlrm_platform.ingest.pipeline import RESOURCE_SLIVER
-from dlrm_platform.train.loop import train_loop_per_worker
 from dlrm_platform.train.loop_config import LoopConfig
 from dlrm_platform.train.result import TrainingResult
 
@@ -36,6 +36,13 @@ if TYPE_CHECKING:
     from ray.data import Dataset, ExecutionOptions
 
 log = logging.getLogger("dlrm_platform.train")
+
+#: How often Ray Train's controller polls the workers, in seconds, unless the user set it. A worker's
+#: ``ray.train.report`` waits for the controller to take the previous report (a queue of one), and Ray's
+#: default of 2 s held every checkpoint after the first for up to 2 s: 12 s of a 20-step job that
+#: checkpoints every 3 steps. A poll asks each worker for its status: cheap next to a training step.
+CONTROLLER_POLL_S = 0.25
+_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # Ray Train V2 propagates it from the driver to the controller
 
 __all__ = ["TrainingResult", "run_training"]
 
@@ -72,7 +79,7 @@ def run_training(
                              dataset_files={k: [str(f) for f in v] for k, v in (dataset_files or {}).items()},
                              cache_dir=cache_dir, feed_service=feed)
     trainer = TorchTrainer(
-        train_loop_per_worker,
+        _train_loop_per_worker,
         train_loop_config=loop_config.to_ray(),  # the typed LoopConfig; the workers re-validate it
         # nccl between GPU workers (collectives on CUDA tensors), gloo on CPU.
         torch_config=TorchConfig(backend="nccl" if train.use_gpu else "gloo"),
@@ -90,6 +97,7 @@ def run_training(
         ),
         # No ``datasets``: the workers read from the feed service (see ingest/feed_service.py for why).
     )
+    os.environ.setdefault(_POLL_ENV, str(CONTROLLER_POLL_S))
     try:
         result = trainer.fit()
         feed_report = _feed_report(feed)
@@ -102,6 +110,13 @@ def run_training(
         raise RuntimeError(f"training run {name!r} reported no checkpoint with metrics")
     checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
     return TrainingResult.from_ray(result.metrics, checkpoint_path, feed_service=feed_report)
+
+
+def _train_loop_per_worker(config: dict) -> None:
+    """The workers' entry: the loop (TorchRec, fbgemm: seconds to import) loads in the workers only."""
+    from dlrm_platform.train.loop import train_loop_per_worker
+
+    train_loop_per_worker(config)
 
 
 def trainer_resources(job: JobConfig) -> dict[str, float]:
