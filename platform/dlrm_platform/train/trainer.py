@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING
 
 import ray
@@ -97,7 +98,7 @@ def run_training(
         ),
         # No ``datasets``: the workers read from the feed service (see ingest/feed_service.py for why).
     )
-    os.environ.setdefault(_POLL_ENV, str(CONTROLLER_POLL_S))
+    poll_controller_often()
     try:
         result = trainer.fit()
         feed_report = _feed_report(feed)
@@ -110,6 +111,12 @@ def run_training(
         raise RuntimeError(f"training run {name!r} reported no checkpoint with metrics")
     checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
     return TrainingResult.from_ray(result.metrics, checkpoint_path, feed_service=feed_report)
+
+
+def poll_controller_often(environ: MutableMapping[str, str] = os.environ) -> str:
+    """Set Ray Train's controller poll interval to :data:`CONTROLLER_POLL_S` unless ``environ`` sets it;
+    the value in force."""
+    return environ.setdefault(_POLL_ENV, str(CONTROLLER_POLL_S))
 
 
 def _train_loop_per_worker(config: dict) -> None:
