@@ -409,6 +409,35 @@ def test_the_sized_bar_waits_until_the_step_to_the_operators_slots_is_judged():
         assert (new is not None and new["b"] == 8) == grown, (times, new, what)
 
 
+def test_with_clear_bar_the_waited_on_operator_takes_the_slots_its_gain_needs_to_clear_the_bar():
+    """b binds at 10 slots (1,000/s), 100% busy while a and c idle; its counters are noisy (30%): the bar is
+    25% and +2 (``noisy_max_repeat``) predicts +20% (live, the shifted sparse hash held at 9-10 slots for
+    30-40 s so). With ``clear_bar`` the move takes the 3 slots a linear gain needs (+30%); within b's
+    measured limit it takes what the limit leaves, and an operator the others do not wait on is as before."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 10, "c": 4}
+    caps = {"a": 4000.0, "b": 1000.0, "c": 2000.0}
+    waited_on = _obs(caps, alloc, 1000.0, util={"a": 0.25, "b": 1.0, "c": 0.5})
+    all_busy = _obs(caps, alloc, 1000.0, util={"a": 0.95, "b": 1.0, "c": 0.9})
+
+    def act(clear: bool, obs, limit: int | None = None):
+        runner = _AlwaysWants(2)
+        runner.clear_bar = clear
+        fs = FeatureState(list(alloc))
+        fs.scaling.noise["b"] = 0.3
+        fs.scaling.curves["b"] = {10: (1000.0, fs.scaling.step, 3, None)}  # measured steady at its 10 slots
+        if limit is not None:
+            fs.scaling.limit = lambda name: limit if name == "b" else None
+        return runner.act(obs, alloc, specs, 20.0, fs)
+
+    assert act(False, waited_on)[0] is None
+    new, what = act(True, waited_on)
+    assert new is not None and new["b"] == 13 and what == "+1 b", (new, what)
+    assert act(True, all_busy)[0] is None
+    new, _ = act(True, waited_on, limit=12)  # +2 to the limit predicts 20%: the shield holds
+    assert new is None
+
+
 def test_a_hold_says_why_the_bottleneck_was_not_grown():
     """b binds at 10 slots (1,000/s); its counters are noisy (30%), so the shield asks a move for 25%, and
     one slot more predicts +10% (with ``sized_shield``, the move the runner would make, +2 for a noisy

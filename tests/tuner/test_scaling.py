@@ -812,3 +812,27 @@ def test_an_expired_limit_leaves_its_steps_slope_to_size_the_next_move():
     assert mem.marginal_share("a", 5) == pytest.approx(((1010.0 - 800.0) / 2) / (1010.0 / 5))
     mem.record({"a": 5}, {"a": 3000.0})  # its cost fell 3x: a shift
     assert "a" not in mem.expired_share
+
+
+def test_with_superlinear_tolerance_a_burst_above_a_linear_gain_is_neither_a_peak_nor_a_limit():
+    # Live (run 51), per_task_overhead's sparse hash: 9,232 at 6 slots, 32,076 at 7, 16,277 at 9. No slot
+    # adds more than a linear share, so 7's figure is a burst of finished tasks: as measured it drew rl
+    # back from 9 to 7 ("+97% there") and held a limit of 7 across the cost shift.
+    def run(tolerance: float | None) -> ScalingMemory:
+        mem = ScalingMemory(["h"], noise_k=3.0, limit_hysteresis=0.1, superlinear_tolerance=tolerance)
+        _measure(mem, "h", 6, 9232.0)
+        _measure(mem, "h", 7, 32076.0)
+        _measure(mem, "h", 9, 16277.0)
+        return mem
+
+    as_measured, capped = run(None), run(0.2)
+    assert as_measured.limit("h") == 7 and as_measured.better("h", 9, 0.1) == 7
+    assert capped.settled("h")[7] == pytest.approx(9232.0 * 7 / 6 * 1.2)
+    assert capped.settled("h")[9] == 16277.0  # within a linear gain over 7's figure as read
+    assert capped.limit("h") is None and capped.better("h", 9, 0.1) is None
+    # a real peak stays one: past it more slots deliver less, whatever the tolerance
+    peak = ScalingMemory(["h"], superlinear_tolerance=0.2)
+    _measure(peak, "h", 4, 4000.0)
+    _measure(peak, "h", 6, 5600.0)
+    _measure(peak, "h", 9, 4500.0)
+    assert peak.limit("h") == 6 and peak.better("h", 9, 0.1) == 6

@@ -718,6 +718,7 @@ class RLPolicy(Policy):
                           "rl_one_slot_after_release": ("one_slot_after_release", bool),
                           "rl_chain_slots": ("chain_slots", int),
                           "rl_sized_shield": ("sized_shield", bool),
+                          "rl_clear_bar": ("clear_bar", bool),
                           "rl_sized_shield_others_util": ("sized_shield_others_util",
                                                           lambda v: None if v is None else float(v))}
         if runner_options.keys() & self.opts.keys():  # this job's own copy (the loaded runner is per process)
@@ -776,6 +777,8 @@ class RLPolicy(Policy):
                              # know when a move straddled a cost shift
                              keep_expired_slope=bool(self.opts.get("rl_slope_after_expiry",
                                                                    self.runner.slope_after_expiry)),
+                             superlinear_tolerance=self._optional("rl_superlinear_tolerance",
+                                                                  self.runner.superlinear_tolerance, float),
                              cross_count_shift=self._optional(
                                  "rl_cross_count_shift",
                                  self.runner.cross_count_shift if self._judges_moves() else None, float))

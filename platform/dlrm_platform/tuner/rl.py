@@ -134,6 +134,9 @@ class RLPolicyRunner:
     #: limit), and simulated the slowest per_task_overhead cost shift took 23 s against 14 (a step measured
     #: before a shift the memory did not see still sizes the moves after it): off
     slope_after_expiry: bool = False
+    #: a count's figure is read as no more than a linear gain over the count below it, times 1 + this
+    #: (``ScalingMemory.superlinear_tolerance``; policy option ``rl_superlinear_tolerance``; None: off)
+    superlinear_tolerance: float | None = None
     #: while a pass still climbs (it has not held with every operator measured, nor moved back), a "+1"
     #: carries on to the operators that bound the pipeline after it, this many slots at most in all, each
     #: operator as far as a "+1" of its own would take it (``_most_slots``) and to double its slots at most
@@ -168,6 +171,15 @@ class RLPolicyRunner:
     #: (wide_skewed 0.895 -> 0.852 of the optimum)
     sized_shield_util: float = 0.9
     sized_shield_others_util: float | None = 0.8
+    #: an operator the others wait on (``_waited_on``) may take as many slots in one move as its predicted
+    #: gain needs to clear the shield's bar (``required_gain``), up to ``max_repeat`` and its measured limit,
+    #: where ``_most_slots`` allows fewer (policy option ``rl_clear_bar``). Live, per_task_overhead's shifted
+    #: sparse hash held at 9 and at 10 slots (the post-shift optimum: 13) under "+2 predicts +22%; a move
+    #: must clear 25%" (two slots at most for a noisy operator) for the last 30-40 s of the run (run 50). With
+    #: it (and ``superlinear_tolerance``), 2 live shift runs: 0.65 and 0.90 of the post-shift optimum (the
+    #: latter +3 at 9 slots); contended_lookup 5,783 samples/s against 5,817 over 3 rounds, one of them lost
+    #: to a +3 of the lookup past its peak (9 -> 12; tuner/README.md, run 51): off
+    clear_bar: bool = False
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -309,7 +321,7 @@ class RLPolicyRunner:
         most = self.max_repeat
         if 1 <= a <= min(K_MAX, len(specs)):
             name = specs[a - 1].name
-            most = self._most_slots(name, alloc, limits, fs)
+            most = self._move_slots(obs, name, alloc, limits, fs, min_gain)
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound)
         what = describe_action(a, [s.name for s in specs])
@@ -340,7 +352,7 @@ class RLPolicyRunner:
         if self.sized_shield:
             for k in range(min(K_MAX, len(specs))):
                 if mask[1 + k] and not allowed[1 + k] and self._waited_on(obs, alloc, fs, specs[k].name):
-                    sized = self._sized_move(1 + k, alloc, specs, budget, caps, limits, fs, memory_bound)
+                    sized = self._sized_move(obs, 1 + k, alloc, specs, budget, caps, limits, fs, memory_bound)
                     allowed[1 + k] = sized is not None and sized[1] >= min_gain
         return allowed
 
@@ -358,7 +370,7 @@ class RLPolicyRunner:
             return False
         return all(o.util <= self.sized_shield_others_util for o in obs.ops if o.name != name and not o.completed)
 
-    def _sized_move(self, a: int, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
+    def _sized_move(self, obs: Observation, a: int, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                     caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState,
                     memory_bound: bool) -> tuple[Allocation, float] | None:
         """"+1" ``a`` as the runner would make it (up to ``_most_slots`` slots, each paying
@@ -367,7 +379,7 @@ class RLPolicyRunner:
         now = predicted_bottleneck(alloc, caps, alloc)
         if not math.isfinite(now) or now <= 0:
             return None
-        most = self._most_slots(specs[a - 1].name, alloc, limits, fs)
+        most = self._move_slots(obs, specs[a - 1].name, alloc, limits, fs, self.required_gain(obs, fs))
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most, min_gain=self.shield_min_gain,
                                  memory_bound=memory_bound)
         return new, predicted_bottleneck(alloc, caps, new) / now - 1.0
@@ -393,11 +405,22 @@ class RLPolicyRunner:
         gain = predicted_bottleneck(alloc, caps, grown) / now - 1.0
         what = f"+1 {b}"
         if self.sized_shield and self._waited_on(obs, alloc, fs, b):
-            sized = self._sized_move(1 + k, alloc, specs, budget, caps, limits, fs, memory_bound)
+            sized = self._sized_move(obs, 1 + k, alloc, specs, budget, caps, limits, fs, memory_bound)
             if sized is not None and sized[1] > gain:  # the bar was the sized move's: name that move
                 new, gain = sized
                 what = f"+{new[b] - alloc[b]} {b}"
         return f" ({what}, the bottleneck, predicts {gain:+.0%}; a move must clear {min_gain:.0%})"
+
+    def _move_slots(self, obs: Observation, name: str, alloc: Allocation, limits: dict[str, int],
+                    fs: FeatureState, bar: float) -> int:
+        """The most slots the move the net picked gives ``name``: ``_most_slots``, and with ``clear_bar``, for
+        an operator the others wait on, as many as a linear gain needs to clear ``bar`` (within
+        ``max_repeat`` and its measured limit)."""
+        most = self._most_slots(name, alloc, limits, fs)
+        if self.clear_bar and alloc.get(name, 0) > 0 and self._waited_on(obs, alloc, fs, name):
+            cap = self.max_repeat if name not in limits else max(1, min(self.max_repeat, limits[name] - alloc[name]))
+            most = max(most, min(cap, math.ceil(bar * alloc[name] - 1e-9)))
+        return most
 
     def _most_slots(self, name: str, alloc: Allocation, limits: dict[str, int], fs: FeatureState) -> int:
         """The most slots one move may give ``name``: ``max_repeat``, within its measured limit, fewer where

@@ -82,7 +82,7 @@ class ScalingMemory:
                  delivered_margin: float | None = None, rescale_since: bool = False,
                  limit_hysteresis: float | None = None, delivered_window_s: float | None = None,
                  delivered_max_age: int | None = None, cross_count_shift: float | None = None,
-                 keep_expired_slope: bool = False):
+                 keep_expired_slope: bool = False, superlinear_tolerance: float | None = None):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements,
         #: smoothed samples/s the pipeline delivered while it was measured there, None where not given)
         self.curves: dict[str, dict[int, tuple[float, int, int, float | None]]] = {n: {} for n in names}
@@ -146,6 +146,13 @@ class ScalingMemory:
         #: did not pay" expired with the point at 4, and the next "+1" took it 5 -> 9 in one move
         self.keep_expired_slope = keep_expired_slope
         self.expired_share: dict[str, tuple[int, float]] = {}
+        #: a count's figure is read as at most the next smaller count's figure scaled linearly, times 1 + this
+        #: (None: as measured). Slots running one operator's tasks side by side add at most a linear share
+        #: each; a figure above that is a burst of finished tasks, not capacity. Live, per_task_overhead's
+        #: sparse hash read 9,232 at 6 slots and 32,076 at 7: rl went back to 7 from 9 ("+97% there") and
+        #: held a limit of 7 from it across the cost shift (run 50). rl option ``rl_superlinear_tolerance``
+        #: (off): simulated unchanged (no bursts there), live inconclusive over 4 shift runs (README, run 51)
+        self.superlinear_tolerance = superlinear_tolerance
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None],
@@ -251,8 +258,17 @@ class ScalingMemory:
             del curve[j]
 
     def settled(self, name: str) -> dict[int, float]:
-        """Slot count -> capacity, for every point recorded (each one measured steady)."""
-        return {k: v[0] for k, v in self.curves.get(name, {}).items()}
+        """Slot count -> capacity, for every point recorded (each one measured steady; with
+        ``superlinear_tolerance``, no more than a linear gain over the count below allows)."""
+        curve = {k: v[0] for k, v in self.curves.get(name, {}).items()}
+        if self.superlinear_tolerance is None:
+            return curve
+        below: tuple[int, float] | None = None
+        for k in sorted(curve):
+            if below is not None:
+                curve[k] = min(curve[k], below[1] * k / below[0] * (1.0 + self.superlinear_tolerance))
+            below = (k, curve[k])
+        return curve
 
     def delivered(self, name: str) -> dict[int, float]:
         """Slot count -> samples/s the pipeline delivered while ``name`` was measured there (where given)."""
@@ -312,8 +328,8 @@ class ScalingMemory:
         return found[0] if found else None
 
     def _hold(self, name: str, k: int, k2: int) -> HeldLimit:
-        curve = self.curves[name]
-        return HeldLimit(k, k2, self.step, {j: (curve[j][0], curve[j][3], curve[j][1]) for j in (k, k2)})
+        curve, settled = self.curves[name], self.settled(name)
+        return HeldLimit(k, k2, self.step, {j: (settled[j], curve[j][3], curve[j][1]) for j in (k, k2)})
 
     def _still_holds(self, name: str, held: HeldLimit) -> bool:
         """A held limit stands until the step it rests on measures clearly paid (``k2`` over the line by
@@ -323,8 +339,8 @@ class ScalingMemory:
         made the step up to 11 lookup slots "count as paid"."""
         if self.step - held.step > (self.horizon_above or self.horizon):
             return False
-        curve = self.curves.get(name, {})
-        (c, d, t), (c2, d2, t2) = ((curve[j][0], curve[j][3], curve[j][1]) if j in curve else held.points[j]
+        curve, settled = self.curves.get(name, {}), self.settled(name)
+        (c, d, t), (c2, d2, t2) = ((settled[j], curve[j][3], curve[j][1]) if j in curve else held.points[j]
                                    for j in (held.k, held.k2))
         if self._rose(d, d2, t, t2):
             return False
@@ -360,7 +376,8 @@ class ScalingMemory:
         # within `horizon` only: a point kept longer (`horizon_above`) says where more slots did not pay,
         # not where to go (a warm-up figure 40 steps old drew no move, and kept the move back after a
         # cost shift from being taken)
-        curve = {k: v for k, (v, t, _, _) in self.curves.get(name, {}).items()
+        settled = self.settled(name)
+        curve = {k: settled[k] for k, (_, t, _, _) in self.curves.get(name, {}).items()
                  if k == now or self.step - t <= self.horizon}
         best = max(curve, key=curve.get)
         return best if curve[best] > curve[now] * (1.0 + self.margin(name, margin)) else None
