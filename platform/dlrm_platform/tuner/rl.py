@@ -321,7 +321,8 @@ class RLPolicyRunner:
         most = self.max_repeat
         if 1 <= a <= min(K_MAX, len(specs)):
             name = specs[a - 1].name
-            most = self._move_slots(obs, name, alloc, limits, fs, min_gain)
+            bar = min_gain if self.clear_bar and self._waited_on(obs, alloc, fs, name) else None
+            most = self._move_slots(name, alloc, limits, fs, bar)
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound)
         what = describe_action(a, [s.name for s in specs])
@@ -352,7 +353,7 @@ class RLPolicyRunner:
         if self.sized_shield:
             for k in range(min(K_MAX, len(specs))):
                 if mask[1 + k] and not allowed[1 + k] and self._waited_on(obs, alloc, fs, specs[k].name):
-                    sized = self._sized_move(obs, 1 + k, alloc, specs, budget, caps, limits, fs, memory_bound)
+                    sized = self._sized_move(1 + k, alloc, specs, budget, caps, limits, fs, memory_bound, min_gain)
                     allowed[1 + k] = sized is not None and sized[1] >= min_gain
         return allowed
 
@@ -370,16 +371,16 @@ class RLPolicyRunner:
             return False
         return all(o.util <= self.sized_shield_others_util for o in obs.ops if o.name != name and not o.completed)
 
-    def _sized_move(self, obs: Observation, a: int, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
+    def _sized_move(self, a: int, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                     caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState,
-                    memory_bound: bool) -> tuple[Allocation, float] | None:
-        """"+1" ``a`` as the runner would make it (up to ``_most_slots`` slots, each paying
-        ``shield_min_gain``) and the bottleneck's predicted relative gain from it (None: nothing to predict
-        from)."""
+                    memory_bound: bool, bar: float) -> tuple[Allocation, float] | None:
+        """"+1" ``a``, for an operator the others wait on, as the runner would make it (up to ``_move_slots``
+        slots for the shield's ``bar``, each paying ``shield_min_gain``) and the bottleneck's predicted relative
+        gain from it (None: nothing to predict from)."""
         now = predicted_bottleneck(alloc, caps, alloc)
         if not math.isfinite(now) or now <= 0:
             return None
-        most = self._move_slots(obs, specs[a - 1].name, alloc, limits, fs, self.required_gain(obs, fs))
+        most = self._move_slots(specs[a - 1].name, alloc, limits, fs, bar if self.clear_bar else None)
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most, min_gain=self.shield_min_gain,
                                  memory_bound=memory_bound)
         return new, predicted_bottleneck(alloc, caps, new) / now - 1.0
@@ -405,29 +406,30 @@ class RLPolicyRunner:
         gain = predicted_bottleneck(alloc, caps, grown) / now - 1.0
         what = f"+1 {b}"
         if self.sized_shield and self._waited_on(obs, alloc, fs, b):
-            sized = self._sized_move(obs, 1 + k, alloc, specs, budget, caps, limits, fs, memory_bound)
+            sized = self._sized_move(1 + k, alloc, specs, budget, caps, limits, fs, memory_bound, min_gain)
             if sized is not None and sized[1] > gain:  # the bar was the sized move's: name that move
                 new, gain = sized
                 what = f"+{new[b] - alloc[b]} {b}"
         return f" ({what}, the bottleneck, predicts {gain:+.0%}; a move must clear {min_gain:.0%})"
 
-    def _move_slots(self, obs: Observation, name: str, alloc: Allocation, limits: dict[str, int],
-                    fs: FeatureState, bar: float) -> int:
-        """The most slots the move the net picked gives ``name``: ``_most_slots``, and with ``clear_bar``, for
-        an operator the others wait on, as many as a linear gain needs to clear ``bar`` (within
-        ``max_repeat`` and its measured limit)."""
+    def _move_slots(self, name: str, alloc: Allocation, limits: dict[str, int], fs: FeatureState,
+                    bar: float | None) -> int:
+        """The most slots the move the net picked gives ``name``: ``_most_slots``, or where ``bar`` is given
+        (``clear_bar``, for an operator the others wait on) as many as a linear gain needs to clear it, within
+        ``max_repeat`` and its measured limit."""
         most = self._most_slots(name, alloc, limits, fs)
-        if self.clear_bar and alloc.get(name, 0) > 0 and self._waited_on(obs, alloc, fs, name):
-            cap = self.max_repeat if name not in limits else max(1, min(self.max_repeat, limits[name] - alloc[name]))
-            most = max(most, min(cap, math.ceil(bar * alloc[name] - 1e-9)))
+        if bar is not None:
+            most = max(most, min(self._within_limit(name, alloc, limits), math.ceil(bar * alloc[name] - 1e-9)))
         return most
+
+    def _within_limit(self, name: str, alloc: Allocation, limits: dict[str, int]) -> int:
+        """``max_repeat``, or fewer: what ``name``'s measured limit leaves (1 at least)."""
+        return self.max_repeat if name not in limits else max(1, min(self.max_repeat, limits[name] - alloc[name]))
 
     def _most_slots(self, name: str, alloc: Allocation, limits: dict[str, int], fs: FeatureState) -> int:
         """The most slots one move may give ``name``: ``max_repeat``, within its measured limit, fewer where
         its counters are noisy or its last measured step added less than a linear gain."""
-        most = self.max_repeat
-        if name in limits:
-            most = max(1, min(most, limits[name] - alloc[name]))
+        most = self._within_limit(name, alloc, limits)
         if self.noisy_max_repeat is not None and fs.scaling.noise.get(name, 0.0) > self.noisy_growth_noise:
             most = min(most, self.noisy_max_repeat)  # its counters cannot tell a big step's overshoot
         if self.slope_sized_growth and (share := fs.scaling.marginal_share(name, alloc[name])) is not None:
