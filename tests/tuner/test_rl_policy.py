@@ -240,6 +240,7 @@ def test_rl_holds_until_the_operators_it_moved_have_been_measured_again():
 
     class MovesOneSlotToB:  # stands in for the net: the gate is what is under test
         calls = 0
+        waited_on_alpha = None
 
         def act(self, obs, alloc, specs, budget, fs):
             self.calls += 1
@@ -309,7 +310,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     specs = [OpSpec("a", 1.0, initial=2), OpSpec("b", 1.0, initial=2)]
     opts = {"rl_return_past_limit": True, "rl_limit_hysteresis": None, "rl_delivered_window_s": None,
             "rl_noisy_max_repeat": 2, "rl_noisy_growth_noise": 0.2, "rl_delivered_max_age": 30,
-            "rl_slope_sized_growth": True, "rl_one_slot_after_release": True, "rl_chain_slots": 3}
+            "rl_slope_sized_growth": True, "rl_one_slot_after_release": True, "rl_chain_slots": 3,
+            "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -323,6 +325,9 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
     assert plain.fs.scaling.limit_hysteresis == RLPolicyRunner.limit_hysteresis == 0.1
     assert plain.fs.scaling.delivered_window_s == RLPolicyRunner.scaling_delivered_window_s == 5.0
+    assert with_options.runner.waited_on_alpha == 0.3 and plain.runner.waited_on_alpha == RLPolicyRunner.waited_on_alpha
+    assert with_options.fs.scaling.above_min_readings == 3
+    assert plain.fs.scaling.above_min_readings == RLPolicyRunner.above_min_readings
 
 
 def test_while_a_pass_climbs_a_move_carries_on_to_the_next_bottlenecks():
@@ -390,6 +395,33 @@ def test_the_shield_judges_the_move_the_runner_would_make():
             assert new == {"a": 2, "b": 8, "c": 4} and what == "+1 b", (new, what)  # a had the most to spare
         else:
             assert new is None and "+1 b, the bottleneck, predicts +17%; a move must clear 25%" in what, what
+
+
+def test_with_waited_on_alpha_one_busy_tick_of_another_operator_does_not_end_the_wait():
+    """As above, b 100% busy tick after tick and a, c mostly idle, but in this tick c reads 95% busy (live,
+    the sink-side pack of per_task_overhead swung 0.75-1.0 in single ticks while the shifted hash was 100%
+    busy): each tick's own shares say b is not waited on and the one-slot bar holds it; shares smoothed
+    over ticks (``waited_on_alpha``) still say it is, and b takes its sized move."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 6, "c": 4}
+    caps = {"a": 4000.0, "b": 600.0, "c": 2000.0}
+    quiet = _obs(caps, alloc, 600.0, util={"a": 0.15, "b": 1.0, "c": 0.3})
+    spike = _obs(caps, alloc, 600.0, util={"a": 0.15, "b": 1.0, "c": 0.95})
+    for alpha, grown in ((None, False), (0.3, True)):
+        runner = _AlwaysWants(2)
+        runner.scaling_margin = None  # the shield alone
+        runner.waited_on_alpha = alpha
+        fs = FeatureState(list(alloc))
+        fs.scaling.noise["b"] = 0.3
+        for obs in (quiet, quiet, quiet, spike):
+            if alpha is not None:
+                fs.note_util(obs, alpha)
+        new, what = runner.act(spike, alloc, specs, 14.0, fs)
+        assert (new is not None and new["b"] == 8) == grown, (alpha, new, what)
+    fs = FeatureState(list(alloc))
+    for _ in range(8):
+        fs.note_util(spike, 0.3)  # c busy for good: no longer waited on either way
+    assert fs.util["c"] > 0.9
 
 
 def test_the_sized_bar_waits_until_the_step_to_the_operators_slots_is_judged():

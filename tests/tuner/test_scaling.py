@@ -180,6 +180,28 @@ def test_with_horizon_above_the_counts_above_the_current_one_are_kept_longer():
     assert plain.limit("a") is None  # gone after `horizon` steps
 
 
+def test_with_above_min_readings_one_reading_above_holds_a_limit_for_horizon_only():
+    """Live (dlrm_preprocessing, run 52): the sparse hash read ~3,300 at 4 slots while workers still
+    started, then ~5,200 at 3 for the rest of the run; kept ``horizon_above`` steps, that one reading held the
+    limit "3" for all of it. A point above measured fewer than ``above_min_readings`` times, and the limit
+    resting on it, last ``horizon`` steps; one measured that often is kept as long as before."""
+
+    def run(times_above: int, steps: int, **kw) -> ScalingMemory:
+        mem = _hysteresis_memory(horizon=5, horizon_above=50, **kw)
+        _measure(mem, "a", 4, 3300.0, times=times_above)
+        _measure(mem, "a", 3, 5200.0, times=3)
+        for _ in range(steps):
+            mem.record({"a": 3}, {"a": 5200.0})
+            mem.limit("a")  # asked every tick, as rl does: a held limit forms
+        return mem
+
+    assert run(1, 10).limit("a") == 3  # as before: the once-read point above is kept `horizon_above` steps
+    assert run(1, 0, above_min_readings=3).limit("a") == 3  # within `horizon`, it holds
+    once = run(1, 10, above_min_readings=3)
+    assert once.limit("a") is None and 4 not in once.curves["a"]
+    assert run(3, 10, above_min_readings=3).limit("a") == 3  # measured as often as asked: kept as before
+
+
 def test_with_delivered_margin_a_step_the_pipeline_delivered_more_for_is_no_limit():
     """An operator's counters can read a step up as unpaid while the pipeline delivered clearly more
     there (simulated wide_skewed, warming up: sparse_hash's counter 3,173 at 3 slots, 2,239 at 4, while
@@ -319,7 +341,7 @@ def test_rl_asks_a_move_for_more_gain_where_the_bottleneck_measures_noisily():
 
 #: rl's move-size options as they were before run 48 turned them on (tuner/README.md)
 BEFORE_RUN_48 = {"rl_noisy_max_repeat": None, "rl_delivered_max_age": None, "rl_slope_sized_growth": False,
-                 "rl_sized_shield": False}
+                 "rl_sized_shield": False, "rl_above_min_readings": None}
 
 
 def _rl_share_with_noisy_counters(pipeline: str, op_noise: float, seeds: int, block_rows: float | None = None,

@@ -55,6 +55,14 @@ class FeatureState:
         #: the pass has not held yet since its operators were measured: rl's moves still climb from the
         #: start allocation (``RLPolicyRunner.chain_slots``)
         self.climbing = True
+        #: operator -> its busy share of its slots, smoothed over ticks (``note_util``)
+        self.util: dict[str, float] = {}
+
+    def note_util(self, obs: Observation, alpha: float) -> None:
+        """Smooth each operator's busy share of its slots by ``alpha`` per tick (rl's ``waited_on_alpha``)."""
+        for o in obs.ops:
+            old = self.util.get(o.name)
+            self.util[o.name] = o.util if old is None else (1.0 - alpha) * old + alpha * o.util
 
     def note_action(self, before: Mapping[str, int], after: Mapping[str, int]) -> None:
         changed = False

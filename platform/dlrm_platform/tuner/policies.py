@@ -719,6 +719,7 @@ class RLPolicy(Policy):
                           "rl_chain_slots": ("chain_slots", int),
                           "rl_sized_shield": ("sized_shield", bool),
                           "rl_clear_bar": ("clear_bar", bool),
+                          "rl_waited_on_alpha": ("waited_on_alpha", lambda v: None if v is None else float(v)),
                           "rl_sized_shield_others_util": ("sized_shield_others_util",
                                                           lambda v: None if v is None else float(v))}
         if runner_options.keys() & self.opts.keys():  # this job's own copy (the loaded runner is per process)
@@ -779,6 +780,8 @@ class RLPolicy(Policy):
                                                                    self.runner.slope_after_expiry)),
                              superlinear_tolerance=self._optional("rl_superlinear_tolerance",
                                                                   self.runner.superlinear_tolerance, float),
+                             above_min_readings=self._optional("rl_above_min_readings",
+                                                               self.runner.above_min_readings, int),
                              cross_count_shift=self._optional(
                                  "rl_cross_count_shift",
                                  self.runner.cross_count_shift if self._judges_moves() else None, float))
@@ -802,6 +805,8 @@ class RLPolicy(Policy):
         self.unjudged = False
 
     def decide(self, obs, alloc, specs, budget):
+        if self.runner.waited_on_alpha is not None:
+            self.fs.note_util(obs, self.runner.waited_on_alpha)  # every tick, held or not
         if self.judge_moves and self.fs.scaling.cross_shifts != self.shifts_seen:
             self.shifts_seen = self.fs.scaling.cross_shifts
             self.fs.moves.forget()  # what was delivered before a cost shift judges nothing after it

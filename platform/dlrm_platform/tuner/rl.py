@@ -28,7 +28,7 @@ from dlrm_platform.tuner.actions import (
     vetoed_actions,
 )
 from dlrm_platform.tuner.features import FeatureState, featurize
-from dlrm_platform.tuner.observe import Observation
+from dlrm_platform.tuner.observe import Observation, OpObs
 from dlrm_platform.tuner.spec import Allocation, OpSpec
 
 log = logging.getLogger(__name__)
@@ -137,6 +137,13 @@ class RLPolicyRunner:
     #: a count's figure is read as no more than a linear gain over the count below it, times 1 + this
     #: (``ScalingMemory.superlinear_tolerance``; policy option ``rl_superlinear_tolerance``; None: off)
     superlinear_tolerance: float | None = None
+    #: a point above an operator's slots measured fewer times than this, and a limit resting on it, last
+    #: ``horizon`` steps, not ``scaling_horizon_above`` (``ScalingMemory.above_min_readings``; policy option
+    #: ``rl_above_min_readings``; None: any point). Live, one warm-up reading at 4 sparse-hash slots held
+    #: dlrm_preprocessing at 3 for the last 70 s of a run (5,310 samples/s, plumber 11,025). With it
+    #: (tuner/README.md, run 52): dlrm_preprocessing 11,205 / 11,430 against 11,475 / 11,250, contended_lookup
+    #: 5,520 over 5 rounds against 5,460; simulated the suite 0.942 -> 0.946, held out 0.985 unchanged
+    above_min_readings: int | None = 3
     #: while a pass still climbs (it has not held with every operator measured, nor moved back), a "+1"
     #: carries on to the operators that bound the pipeline after it, this many slots at most in all, each
     #: operator as far as a "+1" of its own would take it (``_most_slots``) and to double its slots at most
@@ -171,6 +178,12 @@ class RLPolicyRunner:
     #: (wide_skewed 0.895 -> 0.852 of the optimum)
     sized_shield_util: float = 0.9
     sized_shield_others_util: float | None = 0.8
+    #: ... those busy shares smoothed over ticks by this much per tick (``FeatureState.note_util``; policy
+    #: option ``rl_waited_on_alpha``; None: each tick's own). Live, per_task_overhead's shifted sparse hash
+    #: was 100% busy tick after tick while the sink-side pack read 0.75-1.0 in single ticks, so the hash
+    #: counted as waited on in 6-44% of the ticks after its shift; smoothed by 0.3, in 19-89% (the contended
+    #: lookup: 75-100% either way; recorded runs, tuner/README.md, run 52)
+    waited_on_alpha: float | None = None
     #: an operator the others wait on (``_waited_on``) may take as many slots in one move as its predicted
     #: gain needs to clear the shield's bar (``required_gain``), up to ``max_repeat`` and its measured limit,
     #: where ``_most_slots`` allows fewer (policy option ``rl_clear_bar``). Live, per_task_overhead's shifted
@@ -367,9 +380,13 @@ class RLPolicyRunner:
         if self.sized_shield_others_util is None:
             return True
         me = next((o for o in obs.ops if o.name == name), None)
-        if me is None or me.util < self.sized_shield_util:
+
+        def busy(o: OpObs) -> float:
+            return o.util if self.waited_on_alpha is None else fs.util.get(o.name, o.util)
+
+        if me is None or busy(me) < self.sized_shield_util:
             return False
-        return all(o.util <= self.sized_shield_others_util for o in obs.ops if o.name != name and not o.completed)
+        return all(busy(o) <= self.sized_shield_others_util for o in obs.ops if o.name != name and not o.completed)
 
     def _sized_move(self, a: int, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                     caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState,

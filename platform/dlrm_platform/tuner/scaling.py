@@ -72,6 +72,8 @@ class HeldLimit:
     k2: int
     step: int
     points: dict[int, tuple[float, float | None, int]]
+    #: how many times ``k2`` had been measured
+    readings: int = 0
 
 
 class ScalingMemory:
@@ -82,7 +84,8 @@ class ScalingMemory:
                  delivered_margin: float | None = None, rescale_since: bool = False,
                  limit_hysteresis: float | None = None, delivered_window_s: float | None = None,
                  delivered_max_age: int | None = None, cross_count_shift: float | None = None,
-                 keep_expired_slope: bool = False, superlinear_tolerance: float | None = None):
+                 keep_expired_slope: bool = False, superlinear_tolerance: float | None = None,
+                 above_min_readings: int | None = None):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements,
         #: smoothed samples/s the pipeline delivered while it was measured there, None where not given)
         self.curves: dict[str, dict[int, tuple[float, int, int, float | None]]] = {n: {} for n in names}
@@ -153,6 +156,12 @@ class ScalingMemory:
         #: held a limit of 7 from it across the cost shift (run 50). rl option ``rl_superlinear_tolerance``
         #: (off): simulated unchanged (no bursts there), live inconclusive over 4 shift runs (README, run 51)
         self.superlinear_tolerance = superlinear_tolerance
+        #: a point above the count an operator runs at is kept ``horizon_above`` steps only where measured this
+        #: many times at least (fewer: ``horizon``), and so is a limit that rests on it (None: any point). Live,
+        #: dlrm_preprocessing's sparse hash read ~3,300 at 4 slots ~20 s into the run while workers still
+        #: started, then ~5,200 at 3: the limit "3" held it there, 100% busy with every other operator 10-60%
+        #: busy, for the remaining 70 s (5,310 samples/s against plumber's 11,025; tuner/README.md, run 52)
+        self.above_min_readings = above_min_readings
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None],
@@ -168,7 +177,7 @@ class ScalingMemory:
             if cap is None or not k or cap <= 0:
                 continue
             curve = self.curves.setdefault(name, {})
-            for old in [j for j, (_, t, _, _) in curve.items() if self.step - t > self._horizon(j, k)]:
+            for old in [j for j, (_, t, n, _) in curve.items() if self.step - t > self._horizon(j, k, n)]:
                 del curve[old]
                 if (held := self.held.get(name)) is not None and old in (held.k, held.k2):
                     # its evidence as old as the memory keeps any: kept on, a gradual cost shift held a
@@ -242,8 +251,17 @@ class ScalingMemory:
 
         return any((j < k and drop(cap, v[0])) or (j > k and drop(v[0], cap)) for j, v in curve.items())
 
-    def _horizon(self, j: int, now: int) -> int:
-        return self.horizon_above if self.horizon_above is not None and j > now else self.horizon
+    def _horizon(self, j: int, now: int, readings: int) -> int:
+        """How many steps a point at ``j`` slots measured ``readings`` times is kept while the operator runs at
+        ``now``."""
+        if self.horizon_above is None or j <= now:
+            return self.horizon
+        return self._limit_horizon(readings)
+
+    def _limit_horizon(self, readings: int) -> int:
+        """``horizon_above``, or ``horizon`` for a point above measured fewer than ``above_min_readings`` times."""
+        few = self.above_min_readings is not None and readings < self.above_min_readings
+        return self.horizon if few or self.horizon_above is None else self.horizon_above
 
     def _note_noise(self, name: str, dev: float) -> None:
         old = self.noise.get(name)
@@ -329,7 +347,8 @@ class ScalingMemory:
 
     def _hold(self, name: str, k: int, k2: int) -> HeldLimit:
         curve, settled = self.curves[name], self.settled(name)
-        return HeldLimit(k, k2, self.step, {j: (settled[j], curve[j][3], curve[j][1]) for j in (k, k2)})
+        return HeldLimit(k, k2, self.step, {j: (settled[j], curve[j][3], curve[j][1]) for j in (k, k2)},
+                         curve[k2][2])
 
     def _still_holds(self, name: str, held: HeldLimit) -> bool:
         """A held limit stands until the step it rests on measures clearly paid (``k2`` over the line by
@@ -337,7 +356,7 @@ class ScalingMemory:
         ``horizon_above`` steps pass. A point forgotten meanwhile (a stray window read as a cost shift)
         is judged by its figures when the limit was last measured: live, forgetting the counts below
         made the step up to 11 lookup slots "count as paid"."""
-        if self.step - held.step > (self.horizon_above or self.horizon):
+        if self.step - held.step > self._limit_horizon(held.readings):
             return False
         curve, settled = self.curves.get(name, {}), self.settled(name)
         (c, d, t), (c2, d2, t2) = ((settled[j], curve[j][3], curve[j][1]) if j in curve else held.points[j]
