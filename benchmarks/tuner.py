@@ -611,7 +611,9 @@ def _timeline(ticks: list[dict]) -> list[dict]:
              "allocation": t.get("allocation"), "block_rows": t.get("block_rows"),
              "policy_state": t.get("policy_state"), "mem": [r(t.get("mem_used")), r(t.get("mem_limit"))],
              "ops": {n: {"capacity": r(o.get("capacity")), "running": r(o.get("running"), 2),
-                         "util": r(o.get("util"), 2), "throttled": r(o.get("throttled"), 2)}
+                         "util": r(o.get("util"), 2), "throttled": r(o.get("throttled"), 2),
+                         "rows_out_total": r(o.get("rows_out_total")), "busy_s_total": r(o.get("busy_s_total"), 3),
+                         "slot_s_total": r(o.get("slot_s_total"), 3)}
                      for n, o in (t.get("per_op") or {}).items()}}
             for t in ticks if t.get("per_op")]
 

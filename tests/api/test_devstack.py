@@ -29,4 +29,3 @@ def test_head_stop_kills_a_group_that_ignores_sigterm_after_its_grace() -> None:
     while _group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _group_alive(proc.pid), "the head's child outlived its stop"
-

@@ -142,9 +142,12 @@ def test_timeline_keeps_what_the_policy_saw_each_interval(bench):
     tl = bench._timeline(ticks)
     assert [t["t"] for t in tl] == [1.0, 2.1]
     assert tl[0]["bottleneck"] == "lookup" and tl[0]["allocation"] == {"read": 2, "lookup": 13}
-    assert tl[0]["ops"]["lookup"] == {"capacity": 912.0, "running": 12.99, "util": 1.0, "throttled": 0.5}
+    assert tl[0]["ops"]["lookup"] == {"capacity": 912.0, "running": 12.99, "util": 1.0, "throttled": 0.5,
+                                      # the cumulative counters, None where the tick did not carry them
+                                      "rows_out_total": None, "busy_s_total": None, "slot_s_total": None}
     assert tl[1]["ops"]["read"]["capacity"] is None  # not measured that interval: kept as unknown, not 0
-    assert set(tl[0]["ops"]["read"]) == {"capacity", "running", "util", "throttled"}
+    assert set(tl[0]["ops"]["read"]) == {"capacity", "running", "util", "throttled", "rows_out_total",
+                                         "busy_s_total", "slot_s_total"}
 
 
 def test_the_oracle_must_beat_every_configuration_a_policy_held_through_its_steady_state(bench):

@@ -128,3 +128,82 @@ def test_an_operator_idle_since_the_warm_up_keeps_its_warm_up_reading():
         o = obs.observation(alloc, cpus, 3.0)  # every interval, as the controller asks
     assert not o.warming_up and o.op("parse").measured
     assert not o.op("read").measured and o.op("read").rate_per_slot == pytest.approx(3000.0)
+
+
+def test_with_a_share_window_the_rate_per_slot_follows_the_workers_time_not_the_blocks_that_finish():
+    """13 slots, each task 6.4 s of worker time for an 8,000-row block, finishing 1 or 3 blocks in alternate
+    seconds and now and then none: rows per occupied slot-second over a 6 s window swing with the count that
+    finished inside it; rows per worker second times the workers' share of occupied time over 20 s do not."""
+    alloc, cpus = {"read": 2, "hash": 13}, {"read": 1.0, "hash": 1.0}
+    plain = WindowedObserver(window_s=1.0, op_window_s=6.0)
+    by_cost = WindowedObserver(window_s=1.0, op_window_s=6.0, share_window_s=20.0)
+    got = {"plain": [], "by_cost": []}
+    rows = busy = 0.0
+    for t in range(0, 40):
+        done = (1 if t % 2 else 3) if t % 7 else 0  # lumpy: now and then nothing finishes for a second
+        rows += 8000.0 * done
+        busy += 6.4 * done
+        snap = RawSnapshot(float(t), {"read": RawOp(rows_out=1000.0 * t, slot_seconds=2.0 * t, busy_seconds=1.9 * t),
+                                      "hash": RawOp(rows_out=rows, slot_seconds=13.0 * t, busy_seconds=busy)},
+                           sink_rows=rows)
+        for name, obs in (("plain", plain), ("by_cost", by_cost)):
+            obs.push(snap)
+            if t >= 25:
+                got[name].append(obs.observation(alloc, cpus, 15.0).op("hash").rate_per_slot)
+    rows_per_occupied_s = rows / (13.0 * 39)
+    spread = {n: (max(v) - min(v)) / rows_per_occupied_s for n, v in got.items()}
+    assert spread["plain"] > 0.25, got["plain"]
+    assert spread["by_cost"] < 0.1, got["by_cost"]
+    assert sum(got["by_cost"]) / len(got["by_cost"]) == pytest.approx(rows_per_occupied_s, rel=0.1)
+
+
+def test_right_after_a_move_the_rate_per_slot_uses_the_share_measured_before_and_no_lump_misleads_it():
+    """4 slots, each block 1.6 s of worker time for 8,000 rows (5,000 rows per worker second; 90% of occupied
+    time in the UDF). A second after the operator's move, 6 blocks begun before it finish at once: rows per
+    occupied slot-second over that second read 12,000; by the workers' time and the share measured before,
+    4,500."""
+    alloc, cpus = {"cross": 4}, {"cross": 1.0}
+    obs = WindowedObserver(window_s=1.0, op_window_s=6.0, settle_s=0.0, share_window_s=20.0)
+    rows = busy = 0.0
+    for t in range(0, 31):
+        done = 6 if t == 30 else (2 if t % 4 else 3)
+        rows += 8000.0 * done
+        busy += 1.6 * done
+        slot = 4.0 * t  # 4 slots busy: 2.25 blocks of 1.6 s a second, 90% of it in the UDF
+        obs.push(RawSnapshot(float(t), {"cross": RawOp(rows_out=rows, slot_seconds=slot, busy_seconds=busy)},
+                             sink_rows=rows))
+        if t == 28:
+            obs.observation(alloc, cpus, 8.0)
+            obs.note_change(28.5, ["cross"])
+    rate = obs.observation(alloc, cpus, 8.0).op("cross").rate_per_slot
+    assert rate == pytest.approx(5000.0 * 0.9, rel=0.05)
+    assert obs.busy_shares["cross"] == pytest.approx(0.9, rel=0.05)
+
+
+def test_an_operator_whose_cost_moves_with_its_slots_keeps_rows_per_occupied_slot_second():
+    """The share window's rate reads an operator whose cost per row moves with its slots (a contended table's)
+    at the speed of the blocks begun before its last move: until its cost is measured the same at two counts,
+    an operator keeps rows per occupied slot-second."""
+    from dlrm_platform.tuner.cost_shift import CostShiftDetector
+
+    alloc, cpus = {"lookup": 4}, {"lookup": 1.0}
+
+    def rate(observer: WindowedObserver) -> float:
+        rows = busy = 0.0
+        for t in range(0, 20):
+            done = [1, 0, 4, 0, 0][t % 5]  # lumpy: a 6 s window sees 4 or 8 blocks
+            rows, busy = rows + 2000.0 * done, busy + 3.0 * done
+            observer.push(RawSnapshot(float(t), {"lookup": RawOp(rows_out=rows, slot_seconds=4.0 * t,
+                                                                 busy_seconds=busy)}, sink_rows=rows), alloc)
+        return observer.observation(alloc, cpus, 8.0).op("lookup").rate_per_slot
+
+    def with_detector(flat: bool) -> WindowedObserver:
+        observer = WindowedObserver(window_s=1.0, op_window_s=6.0, settle_s=0.0, share_window_s=20.0,
+                                    cost_shifts=CostShiftDetector())
+        if flat:  # measured at one cost per row at two slot counts
+            observer.cost_shifts.flat.add("lookup")
+        return observer
+
+    plain = rate(WindowedObserver(window_s=1.0, op_window_s=6.0, settle_s=0.0))
+    assert rate(with_detector(True)) != pytest.approx(plain, rel=0.05)  # the share window's rate differs ...
+    assert rate(with_detector(False)) == plain  # ... and is not taken until the cost is known not to move

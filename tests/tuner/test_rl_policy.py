@@ -493,3 +493,32 @@ def test_a_hold_says_why_the_bottleneck_was_not_grown():
     at_limit.scaling.limit = lambda name: 6 if name == "b" else None  # more slots measured not to pay
     held, what = _AlwaysWants(2).act(obs, alloc, specs, 14.0, at_limit)
     assert held is None and "b, the bottleneck, is at its measured limit of 6 slots" in what, what
+
+
+def test_a_measured_rise_in_cost_per_row_lets_the_noisy_bottleneck_grow_back_past_the_noise_bar():
+    """As above, b binds at 10 slots with 30%-noisy counters, so "+2 predicts +20%" is held under the 25%
+    bar; once its workers measured its cost per row doubled at those 10 slots, a move need only pay on
+    the linear model (``shield_min_gain``) up to 20 slots, for ``shift_credit_s``; then the bar is back."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 10, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 1000.0, "c": 2000.0}, alloc, 1000.0, util={"a": 0.25, "b": 1.0, "c": 0.5})
+
+    def act(fs, credit_s=60.0, t=10.0):
+        runner = _AlwaysWants(2)
+        runner.scaling_margin = None  # the shield alone
+        runner.shift_credit_s = credit_s
+        fs.scaling.noise["b"] = 0.3
+        if not fs.shift_credit and t == 10.0:
+            runner.note_cost_shift(obs, fs, "b", 2.0)
+        return runner.act(replace(obs, t=t), alloc, specs, 20.0, fs)
+
+    fs = FeatureState(list(alloc))
+    new, what = act(fs)
+    assert new is not None and new["b"] > 12, what  # as far as each slot pays: a and c give theirs
+    assert fs.shift_credit["b"] == (20, 70.0)
+    held, what = act(FeatureState(list(alloc)), credit_s=None)  # off: the noise bar as before
+    assert held is None and "a move must clear 25%" in what, what
+    late = FeatureState(list(alloc))
+    late.shift_credit["b"] = (20, 70.0)
+    held, what = act(late, t=71.0)  # its time is up
+    assert held is None and "b" not in late.shift_credit, what

@@ -14,6 +14,7 @@ import time
 
 from dlrm_platform.tuner.actions import project
 from dlrm_platform.tuner.control_file import write_control
+from dlrm_platform.tuner.cost_shift import CostShiftDetector
 from dlrm_platform.tuner.observe import Observation, RawSnapshot, WindowedObserver
 from dlrm_platform.tuner.spec import Allocation, TunerSpec
 
@@ -41,6 +42,16 @@ class Controller:
             window_s=float(opts.get("window_s", 3.0)),
             settle_s=float(opts.get("settle_s", 1.0)),
             warmup_s=self.policy.measure_after_delivery_s,
+            # the workers' time per row tells a cost shift within a block or two, where the slot-based
+            # rates smear it over their windows (tuner/cost_shift.py); option ``cost_shift_tolerance``, e.g.
+            # 0.3 (0, the default: off until its rules are measured live on the whole suite, README run 53)
+            cost_shifts=(CostShiftDetector(tolerance=float(opts.get("cost_shift_tolerance", 0.0)))
+                         if float(opts.get("cost_shift_tolerance", 0.0)) > 0 else None),
+            # rates per slot from the workers' time per row, steadier than rows per occupied slot-second
+            # over a few seconds of lumpy block completions (option ``share_window_s``, e.g. 20; 0, the
+            # default: off). Off: live, in three of three contended_lookup runs after plumber's, rl grew the
+            # lookup to 16 slots with it (3,250-4,050 samples/s; without, 5,950), tuner/README.md run 53
+            share_window_s=float(opts.get("share_window_s", 0.0)) or None,
         )
         self.epoch = 0
         self.t0: float | None = None
@@ -104,7 +115,7 @@ class Controller:
     def tick(self, snap: RawSnapshot, budget: float) -> Allocation | None:
         """Push a snapshot; returns the new allocation when it changed."""
         budget = min(budget, self.spec.cpu_budget)
-        self.observer.push(snap)
+        self.observer.push(snap, {n: self.allocation[n] for n in self.tuned})
         alloc = {n: self.allocation[n] for n in self.tuned}
         specs = [o for o in self.spec.ops if o.name in self.tuned]
         obs = self.observer.observation(alloc, self.cpus, budget,
@@ -141,7 +152,7 @@ class Controller:
                     rows, explanation = int(rows_move[0]), rows_move[1]
                     decision = {"block_rows": rows - self.block_rows}
                     self.set_block_rows(rows, snap.t)
-        self._record_tick(obs, decision, budget, explanation)
+        self._record_tick(obs, decision, budget, explanation, snap)
         return dict(self.allocation) if changed is not None else None
 
     def set_block_rows(self, rows: int, t: float) -> None:
@@ -173,9 +184,10 @@ class Controller:
         self.records.append(rec)
 
     def _record_tick(self, obs: Observation, decision: dict | None, budget: float,
-                     explanation: dict | None = None) -> None:
+                     explanation: dict | None = None, snap: RawSnapshot | None = None) -> None:
         per_op = {}
         for o in obs.ops:
+            raw = snap.ops.get(o.name) if snap is not None else None
             per_op[o.name] = {
                 "slots": o.slots,
                 "out_rate": o.out_rate,
@@ -191,6 +203,10 @@ class Controller:
                 "tasks_now": o.tasks_now,
                 "throttled": o.throttled,
                 "element_ratio": o.element_ratio,
+                # the cumulative counters, so that a recorded run can be replayed against a new signal
+                "rows_out_total": raw.rows_out if raw is not None else None,
+                "busy_s_total": raw.busy_seconds if raw is not None else None,
+                "slot_s_total": raw.slot_seconds if raw is not None else None,
             }
         self._record({
             "type": "tick",

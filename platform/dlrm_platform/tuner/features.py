@@ -57,6 +57,9 @@ class FeatureState:
         self.climbing = True
         #: operator -> its busy share of its slots, smoothed over ticks (``note_util``)
         self.util: dict[str, float] = {}
+        #: operator -> (slots, until when) it may grow to bar its counters' noise after its cost per row
+        #: rose (rl's ``shift_credit_s``)
+        self.shift_credit: dict[str, tuple[int, float]] = {}
 
     def note_util(self, obs: Observation, alpha: float) -> None:
         """Smooth each operator's busy share of its slots by ``alpha`` per tick (rl's ``waited_on_alpha``)."""

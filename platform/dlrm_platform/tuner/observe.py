@@ -15,8 +15,12 @@ pipelines, ``batch_size`` when the last operator packs rows into training batche
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dlrm_platform.tuner.cost_shift import CostShift, CostShiftDetector
 
 
 @dataclass
@@ -138,7 +142,8 @@ def rate_per_slot(a: RawOp, b: RawOp, min_slot_seconds: float = 0.1) -> float | 
 
     A slot is held for the whole task - scheduling, argument fetch, the UDF, storing the
     output - so capacity per slot is measured against occupied slot time. The workers'
-    own UDF time (busy_seconds) is kept for reporting; it misses that per-task overhead."""
+    own UDF time (busy_seconds) misses that per-task overhead; ``WindowedObserver._rate_by_cost``
+    puts it back as the share of occupied time the workers spent in the UDF."""
     d_out = max(b.rows_out - a.rows_out, 0.0)
     d_slot = max(b.slot_seconds - a.slot_seconds, 0.0)
     d_busy = d_slot if d_slot > 0 else (
@@ -254,7 +259,8 @@ class WindowedObserver:
     measurement describes the allocation in force. Used live and in simulation."""
 
     def __init__(self, window_s: float = 3.0, settle_s: float = 1.0, keep_s: float = 30.0,
-                 long_window_s: float = 5.0, op_window_s: float = 6.0, warmup_s: float = 0.0):
+                 long_window_s: float = 5.0, op_window_s: float = 6.0, warmup_s: float = 0.0,
+                 cost_shifts: CostShiftDetector | None = None, share_window_s: float | None = None):
         self.window_s = window_s
         #: seconds after the sink's first output before an operator's rate counts as measured (0: from it)
         self.warmup_s = warmup_s
@@ -270,21 +276,53 @@ class WindowedObserver:
         self.last_change_t: float | None = None
         #: when the sink first delivered in this execution: no rate before it is a measurement
         self.delivered_t: float | None = None
+        #: tells cost shifts from the workers' time per row (None: off); a shift it calls rescales the
+        #: operator's remembered rate and starts its window afresh, and the next observation carries it
+        #: in ``extra["cost_shifts"]`` (operator -> new / old cost per row) for the policies' memories
+        self.cost_shifts = cost_shifts
+        #: an operator's rate per slot is its rows per second of worker time over ``op_window_s`` times its
+        #: worker time's share of its occupied slot time over up to this long (``_rate_by_cost``; None: rows
+        #: per occupied slot-second over ``op_window_s``)
+        self.share_window_s = share_window_s
+        #: operator -> its workers' time's share of its occupied slot time, as last measured
+        self.busy_shares: dict[str, float] = {}
+        self._new_shifts: dict[str, float] = {}
 
-    def push(self, snap: RawSnapshot) -> None:
+    def push(self, snap: RawSnapshot, slots: Mapping[str, int] | None = None) -> None:
+        """Keep ``snap``; ``slots``: each operator's slots over the interval it ends (the cost-shift
+        detector compares costs at the same slots)."""
         if self.delivered_t is None and snap.sink_rows > 0:
             self.delivered_t = snap.t
         self.snaps.append(snap)
+        if self.cost_shifts is not None:
+            start = self.measured_from()
+            if start is None or snap.t < start:
+                self.cost_shifts.restart()  # warm-up readings (workers still starting) are no costs
+                self.cost_shifts.push(snap, slots)
+            else:
+                for shift in self.cost_shifts.push(snap, slots):
+                    self._apply_shift(shift)
         cutoff = snap.t - self.keep_s
         while len(self.snaps) > 2 and self.snaps[0].t < cutoff:
             self.snaps.pop(0)
 
+    def _apply_shift(self, shift: CostShift) -> None:
+        """``shift.name`` costs ``shift.ratio`` times what it did per row: its rate per slot is that much
+        lower, and a window reaching back past ``shift.since`` would average the two costs."""
+        if (old := self.rates.get(shift.name)) is not None:
+            self.rates[shift.name] = old / shift.ratio
+        self.op_change_t[shift.name] = max(self.op_change_t.get(shift.name, shift.since), shift.since)
+        self._new_shifts[shift.name] = self._new_shifts.get(shift.name, 1.0) * shift.ratio
+
     def note_change(self, t: float, names: Sequence[str] | None = None) -> None:
-        """The allocation changed at ``t``; ``names``: the operators whose slots changed (None: all)."""
+        """The allocation changed at ``t``; ``names``: the operators whose slots changed (None: all,
+        as after a new block size: every operator's cost per row changed on purpose)."""
         self.last_change_t = t
         if names is None:
             self._all_changed_t = t
             self.op_change_t.clear()
+            if self.cost_shifts is not None:
+                self.cost_shifts.reset()
         for n in names or ():
             self.op_change_t[n] = t
 
@@ -292,6 +330,8 @@ class WindowedObserver:
         """Forget the snapshots (a new execution restarts the counters); keep the learned rates."""
         self.snaps.clear()
         self.delivered_t = None
+        if self.cost_shifts is not None:
+            self.cost_shifts.restart()
 
     def measured_from(self) -> float | None:
         """When this execution's rates start to count: the sink's first output plus ``warmup_s``."""
@@ -329,6 +369,13 @@ class WindowedObserver:
             if changed is not None:
                 start = max(start, changed + self.settle_s)
             first = next((sn for sn in self.snaps[:-1] if sn.t >= start - 1e-9), None)
+            if first is not None and self.share_window_s is not None and self._flat_cost(o.name):
+                # by the workers' time, even over a window shorter than the interval's (right after a
+                # move or a cost shift): rows and their time arrive together, so no lump misleads it
+                rate = self._rate_by_cost(o.name, first, changed, min_slot_seconds)
+                if rate is not None:
+                    o.rate_per_slot, o.capacity, o.measured = rate, o.slots * rate * f, True
+                    continue
             if first is None or cur.t - first.t <= obs.window_s + 1e-9:
                 continue  # no longer than the interval's own window
             a, b = first.ops.get(o.name), cur.ops.get(o.name)
@@ -337,6 +384,49 @@ class WindowedObserver:
                 o.rate_per_slot = rate
                 o.capacity = o.slots * rate * f
                 o.measured = True
+
+    def _flat_cost(self, name: str) -> bool:
+        """``name``'s cost per row was measured the same at two slot counts or more (``CostShiftDetector.flat``;
+        no detector: taken as flat). Where it moves with the slots (a contended table), blocks that finish
+        after a move ran at the concurrency before it, so rows per second of worker time read the new count
+        at the old one's speed: live, the contended lookup grown 4 -> 8 read as paid on them, and rl grew it
+        on to 16 slots where 5 deliver the most (tuner/README.md, run 53). Its rate stays rows per occupied
+        slot-second, which counts the new slots at once."""
+        return self.cost_shifts is None or self.cost_shifts.is_flat(name)
+
+    def _rate_by_cost(self, name: str, first: RawSnapshot, changed: float | None,
+                      min_slot_seconds: float) -> float | None:
+        """``name``'s rows per occupied slot-second as its rows per second of its workers' own time over the
+        window from ``first`` (exact: rows and their time arrive together, block by block) times the share of
+        its occupied slot time its workers spent in it, over up to ``share_window_s`` at its slots (None:
+        no longer window, or no worker time counted).
+
+        Rows per occupied slot-second over one window swing with how many blocks happen to finish in it
+        (live, 8,000-row blocks of 6.4 s: 6,600-16,600 samples/s at unchanged slots), and over a window of a
+        second or two right after a move they read absurd figures (212,708 samples/s for 4 slots that deliver
+        18,000 at most); the share of occupied time spent in the UDF (the rest: dispatch, fetching inputs,
+        storing outputs) changes slowly. Where the UDF's own time varies with the slots (a contended table,
+        storage channels: the wait is inside it), so does this rate."""
+        cur = self.snaps[-1]
+        a, b = first.ops.get(name), cur.ops.get(name)
+        if a is None or b is None or a.busy_seconds is None or b.busy_seconds is None:
+            return None
+        d_rows, d_busy = b.rows_out - a.rows_out, b.busy_seconds - a.busy_seconds
+        if d_rows <= 0 or d_busy <= 0:
+            return None
+        start = max(cur.t - self.share_window_s, self.measured_from() or -math.inf)
+        if changed is not None:
+            start = max(start, changed + self.settle_s)
+        long = next((sn for sn in self.snaps[:-1] if sn.t >= start - 1e-9), None)
+        lo = long.ops.get(name) if long is not None and long.t < first.t else None
+        if lo is not None and lo.busy_seconds is not None:
+            l_busy, l_slot = b.busy_seconds - lo.busy_seconds, b.slot_seconds - lo.slot_seconds
+            if l_busy > 0 and l_slot >= min_slot_seconds:
+                self.busy_shares[name] = min(l_busy / l_slot, 1.0)
+        # no longer window at its slots yet: the share measured before (its tasks' overhead, which a move
+        # or a cost shift changes little; none measured yet: not told)
+        share = self.busy_shares.get(name)
+        return None if share is None else d_rows / d_busy * share
 
     def observation(self, alloc: dict[str, int], cpus: dict[str, float], budget: float,
                     window_s: float | None = None, samples_per_sink_row: float = 1.0) -> Observation | None:
@@ -381,4 +471,5 @@ class WindowedObserver:
                 * samples_per_sink_row
         else:
             obs.extra["throughput_long"] = obs.throughput
+        obs.extra["cost_shifts"], self._new_shifts = self._new_shifts, {}
         return obs

@@ -169,6 +169,11 @@ class _RateMemory:
     def complete(self, names: Sequence[str]) -> bool:
         return all(n in self.rates for n in names)
 
+    def rescale(self, name: str, cost_ratio: float) -> None:
+        """``name`` costs ``cost_ratio`` times what it did per row (``Observation.extra["cost_shifts"]``)."""
+        if name in self.rates:
+            self.rates[name] /= cost_ratio
+
 
 class PlumberPolicy(Policy):
     """Plumber's LP on measured per-slot rates, with a hysteresis sized by the measured noise.
@@ -285,7 +290,18 @@ class PlumberPolicy(Policy):
             capped.append(dataclasses.replace(s, max_slots=min(s.max_slots or limit, limit)))
         return capped, rates
 
+    def _note_cost_shifts(self, obs: Observation) -> None:
+        """An operator's cost per row changed: its rate is rescaled, what it measured at other slots is
+        forgotten, and so is what every allocation delivered (each did so at the old cost)."""
+        for name, ratio in (obs.extra.get("cost_shifts") or {}).items():
+            self.mem.rescale(name, ratio)
+            self.measured.clear()
+            if self.scaling is not None:
+                self.scaling.forget(name)
+                self._unchanged[name] = 0
+
     def decide(self, obs, alloc, specs, budget):
+        self._note_cost_shifts(obs)
         self.mem.update(obs, min_since_change=self.settle_s)
         self._record_throughput(obs, alloc)
         if self.scaling is not None:
@@ -719,6 +735,7 @@ class RLPolicy(Policy):
                           "rl_chain_slots": ("chain_slots", int),
                           "rl_sized_shield": ("sized_shield", bool),
                           "rl_clear_bar": ("clear_bar", bool),
+                          "rl_shift_credit_s": ("shift_credit_s", lambda v: None if v is None else float(v)),
                           "rl_waited_on_alpha": ("waited_on_alpha", lambda v: None if v is None else float(v)),
                           "rl_sized_shield_others_util": ("sized_shield_others_util",
                                                           lambda v: None if v is None else float(v))}
@@ -804,7 +821,21 @@ class RLPolicy(Policy):
         self.awaiting.clear()
         self.unjudged = False
 
+    def _note_cost_shifts(self, obs: Observation) -> None:
+        """An operator's cost per row changed (``tuner/cost_shift.py``): its scaling curve and any limit
+        on it describe the operator before; it is measured afresh (``steady_steps`` at its slots) before its
+        curve has a point again, and it may grow back on the shift's credit (``RLPolicyRunner.note_cost_shift``)."""
+        for name, ratio in (obs.extra.get("cost_shifts") or {}).items():
+            self.rates.rescale(name, ratio)
+            self.fs.scaling.forget(name)
+            self.fs.steps_since_change[name] = 0
+            self.runner.note_cost_shift(obs, self.fs, name, ratio)
+            if self.judge_moves:
+                self.fs.moves.forget()
+                self.unjudged = False
+
     def decide(self, obs, alloc, specs, budget):
+        self._note_cost_shifts(obs)
         if self.runner.waited_on_alpha is not None:
             self.fs.note_util(obs, self.runner.waited_on_alpha)  # every tick, held or not
         if self.judge_moves and self.fs.scaling.cross_shifts != self.shifts_seen:
@@ -832,10 +863,14 @@ class RLPolicy(Policy):
         if self.unjudged and self.fs.moves.ready(alloc):
             self.unjudged = False
             left = self.fs.moves.judge_trial(alloc)
+            if left is not None and self._undoes_credit(obs, alloc, left):
+                left = None
             if left is not None:  # measured again there, then judged again
                 self.runner.stats["undone"] += 1
                 return self._judged_move(alloc, left, "back from a judged move that delivered less than where it started")
             back = self.fs.moves.better_than_now(obs.t, alloc)
+            if back is not None and self._undoes_credit(obs, alloc, back[0]):
+                back = None
             if back is not None:
                 target, gain = back
                 for name in target:
@@ -860,6 +895,14 @@ class RLPolicy(Policy):
             self.unjudged = self.judge_moves and any(  # not measured yet: as good as noisy
                 self.rate_noise.get(n, math.inf) > self.noisy_rate for n in grown)
         return new
+
+    def _undoes_credit(self, obs: Observation, alloc: Allocation, target: Allocation) -> bool:
+        """``target`` has fewer slots of an operator still on a shift's credit (its cost per row measured to
+        rise): what "delivered more" there is the queues built before the shift draining to the sink
+        (simulated, rl went back from 2 and 4 slots of an operator whose cost rose 8x to 1, where 4 deliver
+        4x what 1 does, tests/tuner/test_policies.py)."""
+        return any(target.get(n, 0) < alloc.get(n, 0) and self.runner.credited(obs, self.fs, n) is not None
+                   for n in list(self.fs.shift_credit))
 
     def _judged_move(self, alloc: Allocation, target: Allocation, why: str) -> Allocation:
         """A move of the end-to-end judgement's: measured, then judged again (before the net moves)."""

@@ -144,6 +144,13 @@ class RLPolicyRunner:
     #: (tuner/README.md, run 52): dlrm_preprocessing 11,205 / 11,430 against 11,475 / 11,250, contended_lookup
     #: 5,520 over 5 rounds against 5,460; simulated the suite 0.942 -> 0.946, held out 0.985 unchanged
     above_min_readings: int | None = 3
+    #: for this many seconds after an operator's cost per row was measured to rise (``tuner/cost_shift.py``,
+    #: by the workers' own clocks), while it is the bottleneck and has fewer slots than its count then times
+    #: the rise, a move that grows it need only clear ``shield_min_gain``, not its counters' noise: the
+    #: measured rise is what predicts the gain, not one noisy window (policy option ``rl_shift_credit_s``;
+    #: None: off). Live, per_task_overhead's sparse hash, its cost doubled at 9 slots and the shift told
+    #: within 3 s, held there 20 s under "+2 predicts +22%; a move must clear 25%" (tuner/README.md, run 53)
+    shift_credit_s: float | None = 60.0
     #: while a pass still climbs (it has not held with every operator measured, nor moved back), a "+1"
     #: carries on to the operators that bound the pipeline after it, this many slots at most in all, each
     #: operator as far as a "+1" of its own would take it (``_most_slots``) and to double its slots at most
@@ -289,6 +296,11 @@ class RLPolicyRunner:
         for s in specs:  # a move that grew it was measured to deliver less end to end
             if (lim := fs.moves.limit(s.name, obs.t)) is not None:
                 limits[s.name] = min(limits.get(s.name, lim), lim)
+        for name in list(fs.shift_credit):
+            if self.credited(obs, fs, name) is not None:
+                # its limits rest on figures measured as the shift landed (a window's mix of both costs,
+                # slots occupied before they deliver): the credit's count stands in for them
+                limits.pop(name, None)
         # the net sees the plain mask (as in training); the shield only vetoes its choice
         memory_bound = obs.at_memory_limit  # "+1" only from upstream slots (actions.py)
         min_gain = self.required_gain(obs, fs)
@@ -336,6 +348,9 @@ class RLPolicyRunner:
             name = specs[a - 1].name
             bar = min_gain if self.clear_bar and self._waited_on(obs, alloc, fs, name) else None
             most = self._move_slots(name, alloc, limits, fs, bar)
+            if (target := self.credited(obs, fs, name)) is not None:
+                # as many as the measured rise asks, each paying on the linear model
+                most = max(most, min(self._within_limit(name, alloc, limits), target - alloc[name]))
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound)
         what = describe_action(a, [s.name for s in specs])
@@ -466,9 +481,34 @@ class RLPolicyRunner:
 
     def required_gain(self, obs: Observation, fs: FeatureState) -> float:
         """The predicted speed-up of the bottleneck a "+1" must clear: ``shield_min_gain``, or
-        ``shield_noise_k`` times the bottleneck's measured noise (at most ``shield_max_gain``)."""
-        noise = fs.scaling.noise.get(obs.bottleneck() or "", 0.0)
+        ``shield_noise_k`` times the bottleneck's measured noise (at most ``shield_max_gain``); only
+        ``shield_min_gain`` for a bottleneck with a shift's credit (``shift_credit_s``)."""
+        b = obs.bottleneck() or ""
+        if self.credited(obs, fs, b) is not None:
+            return self.shield_min_gain
+        noise = fs.scaling.noise.get(b, 0.0)
         return max(self.shield_min_gain, min(self.shield_noise_k * noise, self.shield_max_gain))
+
+    def note_cost_shift(self, obs: Observation, fs: FeatureState, name: str, ratio: float) -> None:
+        """``name``'s cost per row changed by ``ratio``: where it rose past the tolerance the shift
+        counts as a cost shift for, a credit to grow it back to its capacity before, bar the noise."""
+        slots = next((o.slots for o in obs.ops if o.name == name), None)
+        if self.shift_credit_s is None or slots is None or ratio <= 1.0:
+            fs.shift_credit.pop(name, None)
+            return
+        fs.shift_credit[name] = (math.ceil(slots * ratio - 1e-9), obs.t + self.shift_credit_s)
+
+    def credited(self, obs: Observation, fs: FeatureState, name: str) -> int | None:
+        """The slots ``name`` may grow to on a shift's credit now (None: none, its time is up, or it has
+        them)."""
+        credit = fs.shift_credit.get(name)
+        if credit is None:
+            return None
+        slots = next((o.slots for o in obs.ops if o.name == name), None)
+        if obs.t > credit[1] or slots is None or slots >= credit[0]:
+            del fs.shift_credit[name]
+            return None
+        return credit[0]
 
     def _move_back(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                    fs: FeatureState) -> tuple[Allocation, str] | None:

@@ -73,7 +73,7 @@ class HeldLimit:
     step: int
     points: dict[int, tuple[float, float | None, int]]
     #: how many times ``k2`` had been measured
-    readings: int = 0
+    readings: int
 
 
 class ScalingMemory:
@@ -254,9 +254,7 @@ class ScalingMemory:
     def _horizon(self, j: int, now: int, readings: int) -> int:
         """How many steps a point at ``j`` slots measured ``readings`` times is kept while the operator runs at
         ``now``."""
-        if self.horizon_above is None or j <= now:
-            return self.horizon
-        return self._limit_horizon(readings)
+        return self.horizon if j <= now else self._limit_horizon(readings)
 
     def _limit_horizon(self, readings: int) -> int:
         """``horizon_above``, or ``horizon`` for a point above measured fewer than ``above_min_readings`` times."""
@@ -268,6 +266,15 @@ class ScalingMemory:
         if old is not None:  # one stray window (a cost shift under way) moves it by a bounded step
             dev = min(dev, 2.0 * old + 0.02)
         self.noise[name] = dev if old is None else (1 - self.noise_alpha) * old + self.noise_alpha * dev
+
+    def forget(self, name: str) -> None:
+        """Drop everything measured of ``name``: its cost per row changed (``cost_shift``), so every
+        point of its curve, and any limit resting on them, describes an operator that no longer runs.
+        Its noise stands: how far one window strays is the counters', not the cost's."""
+        self.curves[name] = {}
+        self.held.pop(name, None)
+        self.expired_share.pop(name, None)
+        self.released.discard(name)
 
     def forget_above(self, name: str, k: int) -> None:
         """Drop ``name``'s points above ``k`` slots (what it delivered there end to end says otherwise)."""

@@ -297,10 +297,16 @@ class NoisyCounters:
     """Adds mean-preserving multiplicative noise to counter increments, as block
     granularity and scheduling jitter do to live measurements."""
 
+    #: noise of the workers' own time per row (live, per_task_overhead's sleep-timed operators: within 1-3%)
+    BUSY_SIGMA = 0.03
+
     def __init__(self, sigma: float, rng: np.random.Generator, block_rows: float = 0.0, op_sigma: float = 0.0):
         self.sigma = sigma
         self.op_sigma = math.hypot(sigma, op_sigma)  # the operators' counters: both noises
         self.rng = rng
+        # its own stream: the counters' noise stays what it was for a given seed
+        self.busy_rng = np.random.default_rng(int(rng.bit_generator.state["state"]["state"] % 2**32)
+                                              if "state" in rng.bit_generator.state else 0)
         self.block_rows = block_rows  # >0: outputs become visible a whole block at a time
         self.prev_true: RawSnapshot | None = None
         self.acc: dict[str, list[float]] = {}
@@ -309,7 +315,8 @@ class NoisyCounters:
     def __call__(self, snap: RawSnapshot) -> RawSnapshot:
         if self.prev_true is None:
             self.prev_true = snap
-            self.acc = {n: [o.rows_out, o.slot_seconds] for n, o in snap.ops.items()}
+            self.acc = {n: [o.rows_out, o.slot_seconds, o.slot_seconds] for n, o in snap.ops.items()}
+            self.cost = {}
             self.sink = snap.sink_rows
             return snap
         def z(sigma: float = self.sigma) -> float:
@@ -317,9 +324,17 @@ class NoisyCounters:
         ops = {}
         for n, o in snap.ops.items():
             po = self.prev_true.ops[n]
-            self.acc[n][0] += (o.rows_out - po.rows_out) * z(self.op_sigma)
+            d_rows = (o.rows_out - po.rows_out) * z(self.op_sigma)
+            self.acc[n][0] += d_rows
             self.acc[n][1] += (o.slot_seconds - po.slot_seconds) * z()
-            rows, busy = self.acc[n][0], self.acc[n][1]
+            # the workers time each block they make: the busy time reported with the rows is their true cost
+            # per row (slot time per row produced, with any contention) within a few percent, however the
+            # rows themselves arrive
+            if o.rows_out > po.rows_out:
+                self.cost[n] = (o.slot_seconds - po.slot_seconds) / (o.rows_out - po.rows_out)
+            self.acc[n][2] += d_rows * self.cost.get(n, 0.0) * float(
+                np.exp(self.busy_rng.normal(0.0, self.BUSY_SIGMA) - self.BUSY_SIGMA**2 / 2))
+            rows, busy = self.acc[n][0], self.acc[n][2]
             if self.block_rows > 0 and rows > 0:
                 # tasks report when a block is done: rows and their busy time arrive in lumps
                 seen = math.floor(rows / self.block_rows) * self.block_rows

@@ -1,0 +1,159 @@
+"""Cost shifts from the workers' own time per row (``tuner/cost_shift.py``) and what the observer and the
+policies' memories do with one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlrm_platform.tuner.cost_shift import CostShiftDetector
+from dlrm_platform.tuner.observe import RawOp, RawSnapshot, WindowedObserver
+from dlrm_platform.tuner.scaling import HeldLimit, ScalingMemory
+
+
+class _Worker:
+    """Cumulative counters of one operator that finishes ``blocks`` blocks of 8,000 rows a second, each
+    ``cost`` seconds per row times a jitter."""
+
+    def __init__(self) -> None:
+        self.rows = 0.0
+        self.busy = 0.0
+
+    def advance(self, blocks: int, cost: float, jitter: float = 1.0) -> RawOp:
+        self.rows += 8000.0 * blocks
+        self.busy += 8000.0 * blocks * cost * jitter
+        return RawOp(rows_out=self.rows, busy_seconds=self.busy)
+
+
+def _run(det: CostShiftDetector, costs: list[float], jitters: list[float] | None = None, blocks: list[int] | None = None):
+    w = _Worker()
+    shifts = []
+    for t, cost in enumerate(costs):
+        op = w.advance(blocks[t] if blocks else 1, cost, jitters[t] if jitters else 1.0)
+        shifts += [(t, s) for s in det.push(RawSnapshot(float(t), {"hash": op}, 0.0))]
+    return shifts
+
+
+@pytest.mark.parametrize("rise, called_at", [(1.5, 31), (2.0, 30)])
+def test_a_rise_in_cost_per_row_is_a_shift_after_two_readings_or_one_far_off(rise, called_at):
+    # 1.5x: past the 30% tolerance, read twice before it is called; 2x: more than twice the bar, at once
+    rng = np.random.default_rng(0)
+    costs = [400e-6] * 30 + [400e-6 * rise] * 10
+    jit = list(np.exp(rng.normal(0, 0.02, len(costs))))
+    shifts = _run(CostShiftDetector(tolerance=0.3, confirm=2, at_once=2.0), costs, jit)
+    assert len(shifts) == 1, shifts
+    t, s = shifts[0]
+    assert t == called_at
+    assert s.name == "hash" and s.ratio == pytest.approx(rise, rel=0.05)
+    assert s.since == 29.0  # the snapshot before the first reading at the new cost
+
+
+def test_one_stray_block_and_gaps_without_output_are_no_shift():
+    costs = [400e-6] * 40
+    costs[20] = 600e-6  # one slow block (a worker descheduled for a while)
+    blocks = [1] * 40
+    blocks[10:14] = [0, 0, 0, 0]  # nothing finished for 4 s: nothing read
+    assert _run(CostShiftDetector(), costs, blocks=blocks) == []
+
+
+def test_an_operator_whose_cost_per_row_swings_with_its_concurrency_is_never_called_shifted():
+    # a contended lookup: 1 + 0.04 n (n - 1) at 4-10 concurrent calls, 1.5x-4.6x its base cost
+    rng = np.random.default_rng(1)
+    costs = [400e-6 * (1 + 0.04 * n * (n - 1)) for n in rng.integers(4, 11, 200)]
+    assert _run(CostShiftDetector(), costs) == []
+
+
+def test_a_cost_that_falls_is_a_shift_too_and_the_new_level_is_the_typical_cost_after_it():
+    det = CostShiftDetector()
+    shifts = _run(det, [800e-6] * 20 + [400e-6] * 20)
+    assert [round(s.ratio, 2) for _, s in shifts] == [0.5]
+    assert det.cost_per_row("hash") == pytest.approx(400e-6)
+
+
+def test_reset_forgets_the_typical_cost_so_a_new_block_size_is_no_shift():
+    det = CostShiftDetector()
+    w = _Worker()
+    for t in range(20):
+        det.push(RawSnapshot(float(t), {"hash": w.advance(1, 400e-6)}, 0.0))
+    det.reset()  # the blocks grew: a smaller share of per-task cost on each row
+    found = []
+    for t in range(20, 40):
+        found += det.push(RawSnapshot(float(t), {"hash": w.advance(1, 250e-6)}, 0.0))
+    assert found == [] and det.cost_per_row("hash") == pytest.approx(250e-6)
+
+
+def _observer_run(obs: WindowedObserver, costs: list[float]) -> list[dict]:
+    """An operator at 4 slots, each busy all the time: rows per slot-second = 1 / cost."""
+    rows = busy = 0.0
+    extras = []
+    for t, cost in enumerate(costs):
+        rows += 4.0 / cost
+        busy += 4.0
+        obs.push(RawSnapshot(float(t), {"hash": RawOp(rows_out=rows, slot_seconds=4.0 * t, busy_seconds=busy)},
+                             sink_rows=rows))
+        o = obs.observation({"hash": 4}, {"hash": 1.0}, 8.0)
+        if o is not None:
+            extras.append({"t": t, "shifts": o.extra["cost_shifts"], "rate": o.op("hash").rate_per_slot})
+    return extras
+
+
+def test_the_observer_rescales_the_shifted_operators_rate_and_passes_the_shift_on_once():
+    obs = WindowedObserver(window_s=3.0, op_window_s=6.0, cost_shifts=CostShiftDetector())
+    seen = _observer_run(obs, [400e-6] * 20 + [800e-6] * 12)
+    called = [e for e in seen if e["shifts"]]
+    assert len(called) == 1 and called[0]["shifts"]["hash"] == pytest.approx(2.0)
+    assert called[0]["t"] == 20  # the first reading at twice the cost: far enough off to be called at once
+    # from the shift on, the remembered rate is the new cost's (1,250 rows per slot-second), not a
+    # mean of the windows on either side of it
+    assert seen[-1]["rate"] == pytest.approx(1250.0, rel=0.02)
+    assert obs.rates["hash"] == pytest.approx(1250.0, rel=0.02)
+
+
+def test_without_a_detector_the_observer_calls_no_shift():
+    seen = _observer_run(WindowedObserver(window_s=3.0, op_window_s=6.0), [400e-6] * 20 + [800e-6] * 12)
+    assert all(e["shifts"] == {} for e in seen)
+
+
+def test_forget_drops_an_operators_curve_and_limit_and_keeps_its_noise():
+    mem = ScalingMemory(["hash", "read"])
+    mem.curves["hash"] = {6: (9000.0, 1, 3, None), 7: (9100.0, 2, 3, None)}
+    mem.curves["read"] = {3: (20000.0, 1, 3, None)}
+    mem.held["hash"] = HeldLimit(6, 7, 2, {6: (9000.0, None, 1), 7: (9100.0, None, 2)}, 3)
+    mem.noise["hash"] = 0.1
+    mem.forget("hash")
+    assert mem.curves["hash"] == {} and "hash" not in mem.held and mem.limit("hash") is None
+    assert mem.noise["hash"] == 0.1 and mem.curves["read"]  # the others stand
+
+
+def test_an_operator_whose_cost_moves_with_its_slots_is_never_called_shifted_and_a_flat_one_is():
+    """A contended lookup's cost per row rises with its slots (1 + 0.04 n (n - 1)), a hash's does not; both
+    moved between 4 and 10 slots every 8 s, then held at 5, where the hash's cost doubles at 110 s and the
+    lookup's at 114 s (both in one second would read as the machine, not their costs). The
+    lookup's costs at two counts differ: its cost at a count follows how many of its calls are in flight,
+    so it is never called shifted; the hash's doubled cost is a shift, told at once."""
+    rng = np.random.default_rng(3)
+    det = CostShiftDetector()
+    lookup, hashing = _Worker(), _Worker()
+    found = []
+    for t in range(120):
+        n = int([4, 7, 10, 6, 9, 5][(t // 8) % 6]) if t < 100 else 5
+        jitter = float(np.exp(rng.normal(0, 0.03)))
+        contended = 400e-6 * (1 + 0.04 * n * (n - 1)) * (2.0 if t >= 114 else 1.0)
+        snap = RawSnapshot(float(t), {"lookup": lookup.advance(1, contended * jitter),
+                                      "hash": hashing.advance(1, 400e-6 * jitter * (2.0 if t >= 110 else 1.0))}, 0.0)
+        found += [(t, s.name, s.ratio) for s in det.push(snap, {"lookup": n, "hash": n})]
+    assert [(t, name) for t, name, _ in found] == [(110, "hash")], found
+    assert found[0][2] == pytest.approx(2.0, rel=0.1)
+    assert det.count_dependent == {"lookup"}
+
+
+def test_every_operator_slower_at_once_is_the_machine_not_a_shift():
+    det = CostShiftDetector()
+    a, b, c = _Worker(), _Worker(), _Worker()
+    found = []
+    for t in range(40):
+        hiccup = 1.9 if t in (20, 21) else 1.0  # two seconds of a loaded CPU: every operator's tasks slower
+        found += det.push(RawSnapshot(float(t), {"read": a.advance(1, 100e-6 * hiccup),
+                                                 "hash": b.advance(1, 400e-6 * hiccup),
+                                                 "pack": c.advance(1, 60e-6 * (2.0 if t >= 30 else 1.0))}, 0.0))
+    assert [(s.name, round(s.ratio, 1)) for s in found] == [("pack", 2.0)]
