@@ -157,3 +157,69 @@ def test_every_operator_slower_at_once_is_the_machine_not_a_shift():
                                                  "hash": b.advance(1, 400e-6 * hiccup),
                                                  "pack": c.advance(1, 60e-6 * (2.0 if t >= 30 else 1.0))}, 0.0))
     assert [(s.name, round(s.ratio, 1)) for s in found] == [("pack", 2.0)]
+
+
+def test_warm_up_readings_neither_set_the_level_nor_make_a_flat_operator_look_count_dependent():
+    """Live (run 54's replay of run 53): a hash read 559 and 468 us per row while its workers warmed up at 4
+    slots, then 404 us at 4 and at 7 slots; averaged in, the warm-up set its 4-slot level 13% high, marked it
+    count-dependent, and its doubled cost at 7 slots was never judged. The median of the recent readings is
+    the level: the hash is flat and the doubling is a shift."""
+    det = CostShiftDetector()
+    w = _Worker()
+    costs = [559e-6, 559e-6, 468e-6] + [404e-6] * 3 + [404e-6] * 16 + [808e-6] * 3  # the first push reads nothing
+    counts = [4] * 6 + [7] * 19
+    found = []
+    for t, (cost, n) in enumerate(zip(costs, counts)):
+        found += [(t, s) for s in det.push(RawSnapshot(float(t), {"hash": w.advance(1, cost)}, 0.0), {"hash": n})]
+    assert det.flat == {"hash"} and not det.count_dependent
+    assert [(t, round(s.ratio, 1)) for t, s in found] == [(22, 2.0)]
+
+
+def test_a_flat_operators_shift_is_told_at_a_count_it_has_just_moved_to():
+    """Live, wide_skewed's hash doubled 3 s before it was grown from 7 to 11 slots: with costs compared at
+    one count only, 11 had no level yet and the doubled cost became its level. A flat operator's readings at
+    any count are judged against its cost at every count."""
+    det = CostShiftDetector()
+    w = _Worker()
+    found = []
+    for t in range(40):
+        n = 3 if t < 12 else 7 if t < 30 else 11
+        cost = 1000e-6 * (2.0 if t >= 30 else 1.0)  # its first reading at 11 slots, in the quiet after the move
+        found += [(t, s.ratio) for s in det.push(RawSnapshot(float(t), {"hash": w.advance(1, cost)}, 0.0),
+                                                 {"hash": n})]
+    assert [(t, round(r, 1)) for t, r in found] == [(30, 2.0)]
+
+
+def test_another_operator_slower_by_half_the_tolerance_backs_a_one_reading_stray_up_as_the_machine():
+    """Live, contended_lookup's pack read 1.79x its cost for one second as its read read 1.22x (both back the
+    next second): without the read, the pack's reading was far enough off to be called a shift at once."""
+    det = CostShiftDetector()
+    read, pack = _Worker(), _Worker()
+    found = []
+    for t in range(30):
+        found += det.push(RawSnapshot(float(t), {"read": read.advance(1, 100e-6 * (1.22 if t == 20 else 1.0)),
+                                                 "pack": pack.advance(1, 60e-6 * (1.79 if t == 20 else 1.0))}, 0.0))
+    assert found == []
+    # the same stray with the read at its cost is a shift at once
+    det, read, pack = CostShiftDetector(), _Worker(), _Worker()
+    found = []
+    for t in range(22):
+        found += det.push(RawSnapshot(float(t), {"read": read.advance(1, 100e-6),
+                                                 "pack": pack.advance(1, 60e-6 * (1.79 if t >= 20 else 1.0))}, 0.0))
+    assert [(s.name, round(s.ratio, 2)) for s in found] == [("pack", 1.79)]
+
+
+def test_an_operator_not_yet_known_flat_backs_the_machine_up_too():
+    """Live, a hiccup read wide_skewed's read 2.4x its cost and four other operators 1.9-5x, none of them yet
+    measured at two slot counts: the read alone was judged, and its stray was called a shift (and one back a
+    second later). Every operator with a level counts toward the machine."""
+    det = CostShiftDetector()
+    read, decode = _Worker(), _Worker()
+    found = []
+    for t in range(40):
+        hiccup = 2.0 if t == 30 else 1.0
+        snap = RawSnapshot(float(t), {"read": read.advance(1, 50e-6 * (2.36 if t == 30 else 1.0)),
+                                      "decode": decode.advance(1, 300e-6 * hiccup)}, 0.0)
+        found += det.push(snap, {"read": 2 if t < 15 else 3, "decode": 4})  # decode never moved: not known flat
+    assert det.flat == {"read"} and "decode" not in det.flat
+    assert found == []

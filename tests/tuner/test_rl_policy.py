@@ -522,3 +522,27 @@ def test_a_measured_rise_in_cost_per_row_lets_the_noisy_bottleneck_grow_back_pas
     late.shift_credit["b"] = (20, 70.0)
     held, what = act(late, t=71.0)  # its time is up
     assert held is None and "b" not in late.shift_credit, what
+
+
+def test_a_shifts_credit_stands_in_for_the_steady_measurement_its_forgotten_curve_asked_for():
+    """A shift forgets b's scaling curve (it described b before), so b is "not yet measured steady" at
+    its 10 slots and a "+1" for it is vetoed until it is; live, a doubled hash held 3 s for that, then
+    5 s more after one slot (run 54). With the shift's credit its measured rise is the measurement: it
+    grows at once; without one it still waits."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 10, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 1000.0, "c": 2000.0}, alloc, 1000.0, util={"a": 0.25, "b": 1.0, "c": 0.5})
+
+    def act(credit: bool):
+        runner = _AlwaysWants(2)
+        fs = FeatureState(list(alloc))
+        fs.scaling.forget("b")
+        fs.steps_since_change["b"] = 0  # as RLPolicy does on a shift: measured afresh
+        if credit:
+            runner.note_cost_shift(obs, fs, "b", 2.0)
+        return runner.act(obs, alloc, specs, 20.0, fs)
+
+    held, what = act(credit=False)
+    assert held is None and "b, the bottleneck, is not yet measured steady at 10 slots" in what, what
+    new, what = act(credit=True)
+    assert new is not None and new["b"] > 10, what

@@ -44,7 +44,9 @@ class Controller:
             warmup_s=self.policy.measure_after_delivery_s,
             # the workers' time per row tells a cost shift within a block or two, where the slot-based
             # rates smear it over their windows (tuner/cost_shift.py); option ``cost_shift_tolerance``, e.g.
-            # 0.3 (0, the default: off until its rules are measured live on the whole suite, README run 53)
+            # 0.3 (0, the default: off. Live with it on, rl's five suite shifts recovered within 30 s, but
+            # a contended lookup measured at one cost at 4 and 6 slots was called shifted and its credit grew
+            # it to 16 slots, past its peak: tuner/README.md, run 54)
             cost_shifts=(CostShiftDetector(tolerance=float(opts.get("cost_shift_tolerance", 0.0)))
                          if float(opts.get("cost_shift_tolerance", 0.0)) > 0 else None),
             # rates per slot from the workers' time per row, steadier than rows per occupied slot-second

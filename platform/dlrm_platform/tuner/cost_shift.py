@@ -21,6 +21,8 @@ is the machine (a loaded CPU), not their costs, and is passed over."""
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,19 +41,37 @@ class CostShift:
     since: float
 
 
-@dataclass
-class _OpCost:
-    log_cost: float | None = None   # smoothed log of seconds per row
-    spread: float | None = None     # smoothed |log deviation| of one reading
-    readings: int = 0
-    strayed: list[tuple[float, float]] | None = None  # (log cost, snapshot time before it) of the readings in a row that strayed
+#: the mean absolute deviation of normal readings times this is their standard deviation (the mean, not the
+#: median: a window where a contended operator happened to read one cost often has a median deviation near 0)
+_MEAN_DEV_TO_SIGMA = 1.2533
+
+
+class _Readings:
+    """An operator's recent readings (log seconds per row) at one place: its typical cost is their median
+    and its spread their mean deviation from it, so a few warm-up readings do not set the level
+    (live, two warm-up readings at 559 and 468 us against a hash's 404 us, averaged in, set its 4-slot level
+    13% high and marked it count-dependent: its doubled cost was never judged; tuner/README.md, run 54)."""
+
+    def __init__(self, size: int, start: list[float] | None = None, held_spread: float | None = None):
+        self.recent: deque[float] = deque(start or [], maxlen=size)
+        #: the spread measured before a shift, until the new level has readings enough of its own
+        self.held_spread = held_spread
+
+    def typical(self) -> float | None:
+        return statistics.median(self.recent) if self.recent else None
+
+    def spread(self, min_readings: int) -> float | None:
+        if len(self.recent) < min_readings:
+            return self.held_spread
+        mid = statistics.median(self.recent)
+        return _MEAN_DEV_TO_SIGMA * statistics.fmean(abs(x - mid) for x in self.recent)
 
 
 class CostShiftDetector:
     """Per operator, worker-measured seconds per output row between consecutive snapshots (only where
     rows came out), and the shifts they show (:meth:`push`)."""
 
-    def __init__(self, tolerance: float = 0.3, confirm: int = 2, noise_k: float = 3.0, alpha: float = 0.2,
+    def __init__(self, tolerance: float = 0.3, confirm: int = 2, noise_k: float = 3.0, window: int = 9,
                  min_readings: int = 5, at_once: float = 2.0, machine_wide: int = 2,
                  count_tolerance: float = 0.1, quiet_s: float = 5.0):
         #: a reading strays where its cost per row is more than this share above or below the typical one
@@ -60,7 +80,8 @@ class CostShiftDetector:
         self.confirm = confirm
         #: ... and by more than this many times the operator's spread
         self.noise_k = noise_k
-        self.alpha = alpha
+        #: the latest readings a typical cost is the median of
+        self.window = window
         #: readings an operator needs before its spread is known and it is judged
         self.min_readings = min_readings
         #: one reading that strays this many times the bar is a shift at once: live, a policy moved
@@ -77,22 +98,29 @@ class CostShiftDetector:
         #: following its upstream: live, the lookup at 8 slots read 1.7x and 2.7x its cost as parse was
         #: grown, each read as a shift, and the credit grew it to 16 (tuner/README.md, run 53)
         self.flat: set[str] = set()
-        #: (operator, its slots; None where not given) -> its typical cost there
-        self.ops: dict[tuple[str, int | None], _OpCost] = {}
+        #: operator -> its recent readings at any slots: what a flat operator's readings are judged against
+        #: (its cost is the same at every count, so a shift is told at a count it has just moved to, too)
+        self.levels: dict[str, _Readings] = {}
+        #: (operator, its slots; None where not given) -> its recent readings there, outside the quiet
+        #: after a change: whether it is flat
+        self.at_count: dict[tuple[str, int | None], _Readings] = {}
+        #: operator -> (log cost, snapshot time before it) of its latest readings in a row that strayed
+        self._strayed: dict[str, list[tuple[float, float]]] = {}
         self._prev: RawSnapshot | None = None
         self._slots: dict[str, int | None] = {}
-        #: operator -> until when its readings are passed over (after its slots or its block size changed,
-        #: blocks begun before still finish, at the old figure)
+        #: operator -> until when its readings are left out of its costs at a count (after its slots or its
+        #: block size changed, blocks begun before still finish, at the old figure)
         self._quiet_until: dict[str, float] = {}
         self.quiet_s = quiet_s
-        self.shifts: list[CostShift] = []
 
     def reset(self, names: list[str] | None = None) -> None:
         """Forget the typical costs (of ``names``; None: all): what a row costs changed on purpose
         (a new block size puts a different share of per-task cost on each row)."""
-        for key in [k for k in self.ops if names is None or k[0] in names]:
-            del self.ops[key]
-        for name in (set(self._slots) if names is None else set(names)):
+        for name in (set(self._slots) | set(self.levels) if names is None else set(names)):
+            self.levels.pop(name, None)
+            self._strayed.pop(name, None)
+            for key in [k for k in self.at_count if k[0] == name]:
+                del self.at_count[key]
             # costs measured across the change (blocks of both sizes in flight) can make a flat operator look
             # count-dependent: what it is is measured again
             self.count_dependent.discard(name)
@@ -106,8 +134,8 @@ class CostShiftDetector:
 
     def push(self, snap: RawSnapshot, slots: Mapping[str, int] | None = None) -> list[CostShift]:
         """Read ``snap`` against the previous snapshot; returns the shifts called on it. ``slots``: each
-        operator's slots over the interval; a cost is compared only with the cost at the same slots (where a
-        table is contended or storage channels are full, the cost per row rises with the slots: that is the
+        operator's slots over the interval; only an operator whose costs at two counts agree is judged (where
+        a table is contended or storage channels are full, the cost per row rises with the slots: that is the
         operator's scaling, not a shift; the simulated contended lookup lost its peak to such "shifts")."""
         prev, self._prev = self._prev, snap
         for name in snap.ops:
@@ -119,25 +147,31 @@ class CostShiftDetector:
             self._slots[name] = k
         if prev is None:
             return []
-        readings: dict[tuple[str, int | None], float] = {}
+        readings: dict[str, float] = {}
         for name, b in snap.ops.items():
             a = prev.ops.get(name)
             if a is None or a.busy_seconds is None or b.busy_seconds is None:
                 continue
             d_rows, d_busy = b.rows_out - a.rows_out, b.busy_seconds - a.busy_seconds
-            if d_rows <= 0 or d_busy <= 0:
-                continue  # no block finished in between: nothing read
-            if snap.t <= self._quiet_until.get(name, -math.inf):
-                continue
-            readings[(name, self._slots.get(name))] = math.log(d_busy / d_rows)
-        strayed = [math.copysign(1.0, d) for key, x in readings.items() if (d := self._strays(key, x))]
+            if d_rows > 0 and d_busy > 0:  # else no block finished in between: nothing read
+                readings[name] = math.log(d_busy / d_rows)
+        # every operator with a level backs the machine up, flat or not yet known (live, a hiccup read
+        # wide_skewed's read 2.4x, with four others 1.9-5x that were not yet known flat, as a shift; a
+        # count-dependent one's wide spread sets its own bar high)
+        judged = {name: x - level for name, x in readings.items() if (level := self._typical(name)) is not None}
+        # several operators slower (or faster) at once is the machine, not their costs: live, a CPU hiccup
+        # read every operator of contended_lookup 1.2-1.9x its cost for one second, wide_skewed's pack 2x as
+        # its read and filter slowed 1.6-2x, and contended_lookup's pack 1.79x as its read slowed 1.22x:
+        # each would have been a shift. Half the tolerance is enough to back another's stray up
+        strayed = [math.copysign(1.0, d) for name, d in judged.items()
+                   if abs(d) > (self._bar(name, self.tolerance / 2) or math.inf)]
         if max(strayed.count(1.0), strayed.count(-1.0)) >= self.machine_wide:
-            # several operators slower (or faster) at once is the machine, not their costs: live, a CPU
-            # hiccup read every operator of contended_lookup 1.2-1.9x its cost for one second
             return []
-        found = [shift for key, x in readings.items() if (shift := self._read(key, x, prev.t)) is not None
-                 and self.is_flat(shift.name)]
-        self.shifts.extend(found)
+        found = []
+        for name, x in readings.items():
+            shift = self._read(name, x, prev.t, snap.t)
+            if shift is not None:
+                found.append(shift)
         return found
 
     def is_flat(self, name: str) -> bool:
@@ -151,8 +185,8 @@ class CostShiftDetector:
         its cost at a count moves with how many of them are in flight, which upstream decides, too. Live,
         such readings at a count it came back to read as a shift, and the credit that followed grew the
         contended lookup to 16 slots, far past its peak at 6 (tuner/README.md, run 53)."""
-        costs = [op.log_cost for (n, _), op in self.ops.items()
-                 if n == name and op.log_cost is not None and op.readings >= self.min_readings]
+        costs = [r.typical() for (n, _), r in self.at_count.items()
+                 if n == name and len(r.recent) >= self.min_readings]
         if len(costs) < 2:
             return
         # judged again at every reading: a count's first readings (workers still warming, blocks of two sizes
@@ -164,53 +198,51 @@ class CostShiftDetector:
             self.flat.add(name)
             self.count_dependent.discard(name)
 
-    def _bar(self, op: _OpCost) -> float | None:
-        """How far (log) a reading of ``op`` must stray to count (None: not judged yet)."""
-        if op.log_cost is None or op.readings < self.min_readings or op.spread is None:
-            return None
-        return max(math.log1p(self.tolerance), self.noise_k * op.spread)
+    def _typical(self, name: str) -> float | None:
+        level = self.levels.get(name)
+        return None if level is None else level.typical()
 
-    def _strays(self, key: tuple[str, int | None], x: float) -> float:
-        """The reading's log deviation where it strays past its bar, else 0."""
-        op = self.ops.get(key)
-        bar = None if op is None else self._bar(op)
-        return 0.0 if bar is None or abs(x - op.log_cost) <= bar else x - op.log_cost
+    def _bar(self, name: str, tolerance: float | None = None) -> float | None:
+        """How far (log) a reading of ``name`` must stray to count, past ``tolerance`` (None: the detector's)
+        and its noise (None: not judged yet)."""
+        level = self.levels.get(name)
+        spread = None if level is None else level.spread(self.min_readings)
+        least = math.log1p(self.tolerance if tolerance is None else tolerance)
+        return None if spread is None else max(least, self.noise_k * spread)
 
-    def _read(self, key: tuple[str, int | None], x: float, before: float) -> CostShift | None:
-        op = self.ops.setdefault(key, _OpCost())
-        if op.log_cost is None:
-            op.log_cost, op.readings = x, 1
-            return None
-        dev = x - op.log_cost
-        bar = self._bar(op)
-        if bar is not None:
-            if abs(dev) > bar:
-                run = op.strayed or []
-                if run and (dev > 0) != (run[-1][0] > op.log_cost):
-                    run = []  # strayed the other way: a new run
-                if run and abs(x - run[-1][0]) > math.log1p(self.tolerance):
-                    run = []  # not the same new level
-                run.append((x, before))
-                op.strayed = run
-                if len(run) < self.confirm and abs(dev) <= self.at_once * bar:
-                    return None
-                new = sum(v for v, _ in run) / len(run)
-                shift = CostShift(key[0], math.exp(new - op.log_cost), run[0][1])
-                # the new level is the typical cost now; the spread measured before stands; what it cost at
-                # other slots describes it before the shift
-                op.log_cost, op.strayed = new, None
-                for other in [k for k in self.ops if k[0] == key[0] and k != key]:
-                    del self.ops[other]
-                return shift
-        op.strayed = None
-        op.spread = abs(dev) if op.spread is None else (1 - self.alpha) * op.spread + self.alpha * abs(dev)
-        op.log_cost += self.alpha * dev
-        op.readings += 1
-        if op.readings >= self.min_readings:
-            self._note_counts(key[0])
+    def _read(self, name: str, x: float, before: float, now: float) -> CostShift | None:
+        level = self.levels.setdefault(name, _Readings(self.window))
+        bar, typical = self._bar(name), level.typical()
+        if self.is_flat(name) and bar is not None and typical is not None and abs(x - typical) > bar:
+            run = self._strayed.get(name, [])
+            if run and (x > typical) != (run[-1][0] > typical):
+                run = []  # strayed the other way: a new run
+            if run and abs(x - run[-1][0]) > math.log1p(self.tolerance):
+                run = []  # not the same new level
+            run.append((x, before))
+            self._strayed[name] = run
+            if len(run) < self.confirm and abs(x - typical) <= self.at_once * bar:
+                return None
+            new = [v for v, _ in run]
+            shift = CostShift(name, math.exp(sum(new) / len(new) - typical), run[0][1])
+            # the new level is the typical cost now; the spread measured before stands until it has readings
+            # of its own; what it cost at its slot counts describes it before the shift
+            self.levels[name] = _Readings(self.window, new, level.spread(self.min_readings))
+            for key in [k for k in self.at_count if k[0] == name]:
+                del self.at_count[key]
+            self.at_count[(name, self._slots.get(name))] = _Readings(self.window, new)
+            del self._strayed[name]
+            return shift
+        self._strayed.pop(name, None)
+        level.recent.append(x)
+        if now > self._quiet_until.get(name, -math.inf):
+            self.at_count.setdefault((name, self._slots.get(name)), _Readings(self.window)).recent.append(x)
+            self._note_counts(name)
         return None
 
     def cost_per_row(self, name: str, slots: int | None = None) -> float | None:
-        """The typical worker-measured seconds per output row of ``name`` at ``slots`` (None: not read yet)."""
-        op = self.ops.get((name, slots))
-        return None if op is None or op.log_cost is None else math.exp(op.log_cost)
+        """The typical worker-measured seconds per output row of ``name`` (at ``slots``; None: at any slots;
+        None: not read yet)."""
+        readings = self.levels.get(name) if slots is None else self.at_count.get((name, slots))
+        typical = None if readings is None else readings.typical()
+        return None if typical is None else math.exp(typical)

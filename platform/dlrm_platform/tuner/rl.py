@@ -296,7 +296,8 @@ class RLPolicyRunner:
         for s in specs:  # a move that grew it was measured to deliver less end to end
             if (lim := fs.moves.limit(s.name, obs.t)) is not None:
                 limits[s.name] = min(limits.get(s.name, lim), lim)
-        for name in list(fs.shift_credit):
+        self._expire_credits(obs, fs)
+        for name in fs.shift_credit:
             if self.credited(obs, fs, name) is not None:
                 # its limits rest on figures measured as the shift landed (a window's mix of both costs,
                 # slots occupied before they deliver): the credit's count stands in for them
@@ -310,8 +311,12 @@ class RLPolicyRunner:
         for k, s in enumerate(specs[:K_MAX]):
             if s.name in limits and alloc[s.name] >= limits[s.name]:
                 allowed[1 + k] = False  # measured: more slots did not pay
-            elif self.scaling_margin is not None and not self._measured_enough(fs, s.name, alloc[s.name]):
-                allowed[1 + k] = False  # not measured steady at its slots yet: grown once that says it paid
+            elif (self.scaling_margin is not None and not self._measured_enough(fs, s.name, alloc[s.name])
+                  and self.credited(obs, fs, s.name) is None):
+                # not measured steady at its slots yet: grown once that says it paid. A shift's credit is the
+                # measurement (its rise, read from its workers' time per row): live, a hash whose cost doubled
+                # held 3 s for steadiness, then 5 s more after one slot, before it grew (run 54)
+                allowed[1 + k] = False
             elif mask[1 + k]:
                 eligible.add(s.name)
                 if fs.scaling.noise.get(s.name, math.inf) <= self.tie_max_noise:
@@ -506,9 +511,13 @@ class RLPolicyRunner:
             return None
         slots = next((o.slots for o in obs.ops if o.name == name), None)
         if obs.t > credit[1] or slots is None or slots >= credit[0]:
-            del fs.shift_credit[name]
             return None
         return credit[0]
+
+    def _expire_credits(self, obs: Observation, fs: FeatureState) -> None:
+        """Drop the credits spent (their operator has the slots) or run out, once a tick."""
+        for name in [n for n in fs.shift_credit if self.credited(obs, fs, n) is None]:
+            del fs.shift_credit[name]
 
     def _move_back(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                    fs: FeatureState) -> tuple[Allocation, str] | None:
