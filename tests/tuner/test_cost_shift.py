@@ -223,3 +223,49 @@ def test_an_operator_not_yet_known_flat_backs_the_machine_up_too():
         found += det.push(snap, {"read": 2 if t < 15 else 3, "decode": 4})  # decode never moved: not known flat
     assert det.flat == {"read"} and "decode" not in det.flat
     assert found == []
+
+
+def test_flat_where_measured_is_no_promise_at_a_count_not_measured_yet():
+    """Live (run 54's steady suite): the contended lookup read one cost at 4 and 6 slots (its calls in flight,
+    which upstream held alike, set it), then 1.57x at 7, was called shifted, and the credit grew it to 16.
+    At a count whose cost is not known yet only a jump big enough to be a shift at once counts: the lookup's
+    1.57x at 7 slots is its cost there (it is count-dependent once 7 has readings of its own), while the same
+    rise at 6 slots, where its cost is known, is a shift."""
+
+    def run(new_count: int) -> tuple[list, CostShiftDetector]:
+        det, w, found = CostShiftDetector(), _Worker(), []
+        for t in range(60):
+            n = 4 if t < 15 else 6 if t < 35 else new_count
+            cost = 560e-6 * (1.57 if t >= 35 else 1.0)
+            found += [(t, round(s.ratio, 2)) for s in det.push(RawSnapshot(float(t), {"lookup": w.advance(1, cost)}, 0.0),
+                                                               {"lookup": n})]
+        return found, det
+
+    found, det = run(7)
+    assert found == []
+    assert det.count_dependent == {"lookup"}
+    found, det = run(6)
+    assert found == [(36, 1.57)]
+    assert det.flat == {"lookup"}
+    # a shift that is a jump at once is told at a count not measured yet, too
+    det, w, found = CostShiftDetector(), _Worker(), []
+    for t in range(40):
+        n = 4 if t < 15 else 6 if t < 35 else 7
+        found += [(t, round(s.ratio, 1)) for s in det.push(
+            RawSnapshot(float(t), {"hash": w.advance(1, 400e-6 * (2.0 if t >= 35 else 1.0))}, 0.0), {"hash": n})]
+    assert found == [(35, 2.0)]
+
+
+def test_an_operator_measured_at_one_count_only_is_called_shifted_on_two_readings_far_past_its_noise():
+    """Live (run 54b), wide_skewed's hash sat at 7 slots all run: never measured at two counts, its doubled
+    cost was never judged. At the one count it is known at, two readings in a row each far enough off to be
+    a shift at once are one; a cheap operator's CPU hiccup (1.4x, 2.4x, 1.6x for a second each, as
+    contended_lookup's pack read live) is not."""
+    det, hashing, pack, found = CostShiftDetector(), _Worker(), _Worker(), []
+    hiccup = {20: 1.37, 21: 2.41, 22: 1.62, 23: 1.19}
+    for t in range(40):
+        snap = RawSnapshot(float(t), {"hash": hashing.advance(1, 1020e-6 * (2.0 if t >= 30 else 1.0)),
+                                      "pack": pack.advance(1, 63e-6 * hiccup.get(t, 1.0))}, 0.0)
+        found += [(t, s.name, round(s.ratio, 1)) for s in det.push(snap, {"hash": 7, "pack": 2})]
+    assert not det.flat and not det.count_dependent
+    assert found == [(31, "hash", 2.0)]

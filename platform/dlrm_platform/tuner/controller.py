@@ -43,12 +43,11 @@ class Controller:
             settle_s=float(opts.get("settle_s", 1.0)),
             warmup_s=self.policy.measure_after_delivery_s,
             # the workers' time per row tells a cost shift within a block or two, where the slot-based
-            # rates smear it over their windows (tuner/cost_shift.py); option ``cost_shift_tolerance``, e.g.
-            # 0.3 (0, the default: off. Live with it on, rl's five suite shifts recovered within 30 s, but
-            # a contended lookup measured at one cost at 4 and 6 slots was called shifted and its credit grew
-            # it to 16 slots, past its peak: tuner/README.md, run 54)
-            cost_shifts=(CostShiftDetector(tolerance=float(opts.get("cost_shift_tolerance", 0.0)))
-                         if float(opts.get("cost_shift_tolerance", 0.0)) > 0 else None),
+            # rates smear it over their windows (tuner/cost_shift.py); option ``cost_shift_tolerance``
+            # (0.3, the default; 0: off. Live, rl's five suite shifts recovered within 30 s with it:
+            # tuner/README.md, runs 54-55)
+            cost_shifts=(CostShiftDetector(tolerance=float(opts.get("cost_shift_tolerance", 0.3)))
+                         if float(opts.get("cost_shift_tolerance", 0.3)) > 0 else None),
             # rates per slot from the workers' time per row, steadier than rows per occupied slot-second
             # over a few seconds of lumpy block completions (option ``share_window_s``, e.g. 20; 0, the
             # default: off). Off: live, in three of three contended_lookup runs after plumber's, rl grew the

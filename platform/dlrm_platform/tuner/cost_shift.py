@@ -10,13 +10,20 @@ cost per row doubled, and figures from before the shift held it below its new op
 Ray Data's workers time each block they produce (``block_generation_time``, the UDF's wall time).
 Per row, that is the operator's cost itself: for an operator whose tasks do not wait on each other
 it does not depend on how many slots it has, on the other operators, or on when its blocks finish.
-:class:`CostShiftDetector` keeps each operator's typical cost per row at each slot count and how far
-single readings stray from it, and calls a shift when ``confirm`` readings in a row stray the same way
-by more than the tolerance and by more than ``noise_k`` times the operator's own spread (one reading,
-where it strays ``at_once`` times that far). Costs are compared at the same slots only: where a table
-is contended or a storage service's channels are full, the cost per row rises with the slots, and that
-is the operator's scaling curve, not a shift. Several operators straying the same way in one reading
-is the machine (a loaded CPU), not their costs, and is passed over."""
+:class:`CostShiftDetector` keeps each operator's typical cost per row (the median of its latest readings)
+and how far single readings stray from it, and calls a shift when ``confirm`` readings in a row stray the
+same way by more than the tolerance and by more than ``noise_k`` times the operator's own spread (one
+reading, where it strays ``at_once`` times that far). Where a table is contended or a storage service's
+channels are full, the cost per row rises with the calls in flight, and that is the operator's scaling curve,
+not a shift, so what is judged depends on what is known of the operator at its slots now:
+
+* measured at one cost at two slot counts or more (flat), at a count with readings of its own: as above;
+* flat, at a count not measured yet (flat where measured is no promise past it), or measured at one count
+  only: a jump far enough to be a shift at once (once, or, measured at one count only, twice in a row);
+* costs that differ between counts (count-dependent): never.
+
+Several operators straying the same way in one reading is the machine (a loaded CPU), not their costs, and
+is passed over."""
 
 from __future__ import annotations
 
@@ -93,10 +100,11 @@ class CostShiftDetector:
         #: shifted (``_note_counts``); within it, it is ``flat``
         self.count_tolerance = count_tolerance
         self.count_dependent: set[str] = set()
-        #: operators measured at two slot counts or more at one cost per row: the only ones called shifted.
-        #: Before that, a cost that moves at fixed slots may be a contended operator's in-flight calls
-        #: following its upstream: live, the lookup at 8 slots read 1.7x and 2.7x its cost as parse was
-        #: grown, each read as a shift, and the credit grew it to 16 (tuner/README.md, run 53)
+        #: operators measured at two slot counts or more at one cost per row: judged at the tolerance. Before
+        #: that, a cost that moves at fixed slots may be a contended operator's in-flight calls following its
+        #: upstream: live, the lookup at 8 slots read 1.7x and 2.7x its cost as parse was grown, each read as
+        #: a shift, and the credit grew it to 16 (tuner/README.md, run 53); only a jump far past its noise,
+        #: read twice, counts then
         self.flat: set[str] = set()
         #: operator -> its recent readings at any slots: what a flat operator's readings are judged against
         #: (its cost is the same at every count, so a shift is told at a count it has just moved to, too)
@@ -134,9 +142,10 @@ class CostShiftDetector:
 
     def push(self, snap: RawSnapshot, slots: Mapping[str, int] | None = None) -> list[CostShift]:
         """Read ``snap`` against the previous snapshot; returns the shifts called on it. ``slots``: each
-        operator's slots over the interval; only an operator whose costs at two counts agree is judged (where
+        operator's slots over the interval; an operator whose costs at two counts differ is never judged (where
         a table is contended or storage channels are full, the cost per row rises with the slots: that is the
-        operator's scaling, not a shift; the simulated contended lookup lost its peak to such "shifts")."""
+        operator's scaling, not a shift; the simulated contended lookup lost its peak to such "shifts"), and
+        one not known flat at its slots now only on a jump far past its noise (module docstring)."""
         prev, self._prev = self._prev, snap
         for name in snap.ops:
             k = slots.get(name) if slots is not None else None
@@ -213,15 +222,27 @@ class CostShiftDetector:
     def _read(self, name: str, x: float, before: float, now: float) -> CostShift | None:
         level = self.levels.setdefault(name, _Readings(self.window))
         bar, typical = self._bar(name), level.typical()
-        if self.is_flat(name) and bar is not None and typical is not None and abs(x - typical) > bar:
-            run = self._strayed.get(name, [])
+        run = self._strayed.get(name, [])
+        once = None if bar is None else self.at_once * bar
+        known_here, flat = self._known_here(name), self.is_flat(name)
+        # measured at its slots now but at one count only: whether its cost moves with its slots is not known,
+        # so only a jump far past its noise, read twice, counts (live, wide_skewed's hash sat at 7 slots all
+        # run and its doubled cost was never judged; cheap operators' 2-3 s CPU hiccups read 1.8-2.4x once)
+        one_count = known_here and not flat and name not in self.count_dependent
+        if bar is not None and ((not run and not known_here) or one_count):
+            # flat where it was measured is no promise past it: a contended table's cost per row stays put
+            # while its calls in flight do and climbs once they rise (live, the lookup read one cost at 4 and
+            # 6 slots and 1.57x at 7, and the credit that followed grew it to 16; tuner/README.md, run 55).
+            # At a count whose cost is not known yet, only a jump that is a shift at once counts
+            bar = once
+        if (flat or one_count) and bar is not None and typical is not None and abs(x - typical) > bar:
             if run and (x > typical) != (run[-1][0] > typical):
                 run = []  # strayed the other way: a new run
             if run and abs(x - run[-1][0]) > math.log1p(self.tolerance):
                 run = []  # not the same new level
             run.append((x, before))
             self._strayed[name] = run
-            if len(run) < self.confirm and abs(x - typical) <= self.at_once * bar:
+            if len(run) < self.confirm and (one_count or abs(x - typical) <= once):
                 return None
             new = [v for v, _ in run]
             shift = CostShift(name, math.exp(sum(new) / len(new) - typical), run[0][1])
@@ -239,6 +260,12 @@ class CostShiftDetector:
             self.at_count.setdefault((name, self._slots.get(name)), _Readings(self.window)).recent.append(x)
             self._note_counts(name)
         return None
+
+    def _known_here(self, name: str) -> bool:
+        """``name`` has ``min_readings`` settled readings at its slots now (or its slots are not given)."""
+        k = self._slots.get(name)
+        here = self.at_count.get((name, k))
+        return k is None or (here is not None and len(here.recent) >= self.min_readings)
 
     def cost_per_row(self, name: str, slots: int | None = None) -> float | None:
         """The typical worker-measured seconds per output row of ``name`` (at ``slots``; None: at any slots;
