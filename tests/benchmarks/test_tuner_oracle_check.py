@@ -372,6 +372,21 @@ def test_a_shift_the_pipeline_never_felt_takes_no_time_and_a_late_dip_counts(ben
     assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 112.0) is None  # never back at 95%
 
 
+def test_a_dip_within_the_post_shift_levels_own_noise_is_no_late_recovery(bench):
+    # the level swings 930 / 1,070 in 8 s stretches (coarse blocks): its 10 s windows 958-1,042
+    def run(dip: float):
+        stretches = [(a, min(a + 8, 130), dip if a == 92 else 930.0 if (a // 8) % 2 else 1070.0)
+                     for a in range(60, 130, 8)]
+        return _rows_at([(0, 60, 1000.0), *stretches])
+
+    ts, rows = run(900.0)  # 8 s at 0.90 of the level: below 95% and its span's lowest window, within 3 sd
+    post = float(rows[ts >= 102.0].sum() / (130.0 - 102.0))
+    assert bench.recovery_seconds(ts, rows, 60.0, post, 102.0) < 10.0
+    assert bench.recovery_seconds(ts, rows, 60.0, post, 102.0, noise_k=0.0) >= 35.0  # the strict line: a late dip
+    ts, rows = run(500.0)  # a move that halved it: a dip however noisy the level
+    assert bench.recovery_seconds(ts, rows, 60.0, post, 102.0) >= 35.0
+
+
 def test_a_shift_runs_levels_are_put_against_the_model_optimum_before_and_after_the_shift(bench, capsys):
     """A policy that never recovers from the shift reaches its low level at once, and its recovery time alone
     reads fast (live, rl held per_task_overhead's shifted sparse hash at 6 slots for 70 s: "8.5 s"); the

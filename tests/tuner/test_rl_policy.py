@@ -546,3 +546,60 @@ def test_a_shifts_credit_stands_in_for_the_steady_measurement_its_forgotten_curv
     assert held is None and "b, the bottleneck, is not yet measured steady at 10 slots" in what, what
     new, what = act(credit=True)
     assert new is not None and new["b"] > 10, what
+
+
+def test_an_operator_on_a_shifts_credit_gives_no_slot_to_another_operators_move():
+    """b's cost per row was measured to double at 10 slots (credit: up to 20), and one window then reads it
+    at 6,000/s (blocks of both costs finishing together) while c binds at 1,000/s. The net's "+1 c" takes
+    its slots from the operator that keeps the most capacity on paper: b, which the next window shows to
+    be the bottleneck again (live, per_task_overhead's hash, run 55b). While the credit runs, b keeps the
+    slots it had when the shift was told: c's slots come from a, and the net's "-1 b" is vetoed; without the
+    credit (or the option off) b gives them."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 10, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 6000.0, "c": 1000.0}, alloc, 1000.0)
+    plus_c, minus_b = 3, 1 + K_MAX + 2
+
+    def act(action: int, credit: bool, keeps: bool = True, told_at: int | None = None):
+        runner = _AlwaysWants(action)
+        runner.scaling_margin = None  # the shield alone
+        runner.credit_keeps_slots = keeps
+        fs = FeatureState(list(alloc))
+        if credit:
+            runner.note_cost_shift(replace(obs, t=10.0), fs, "b", 2.0)  # told at its 10 slots: credit to 20
+            if told_at is not None:  # told at fewer: the slots the credit gave since are b's to give
+                fs.shift_told_slots["b"] = told_at
+        return runner.act(obs, alloc, specs, 18.0, fs)
+
+    new, what = act(plus_c, credit=True)
+    assert new is not None and new["c"] > 4 and new["b"] == 10 and new["a"] < 4, (new, what)
+    new, what = act(plus_c, credit=True, told_at=9)
+    assert new is not None and new["c"] > 4 and new["b"] == 9, (new, what)
+    for credit, keeps in ((False, True), (True, False)):
+        new, what = act(plus_c, credit=credit, keeps=keeps)
+        assert new is not None and new["c"] > 4 and new["b"] < 10, (credit, keeps, new, what)
+    new, what = act(minus_b, credit=True)  # vetoed: the net's next choice, never b's slots
+    assert new is None or new["b"] == 10, (new, what)
+
+
+def test_with_grown_keeps_steps_an_operator_just_grown_gives_no_slot_to_the_next_move():
+    """b was grown by the last move and one window then reads it at 6,000/s while c binds: the net's "+1 c"
+    would take b's new slots back before they were measured. With ``grown_keeps_steps`` it takes a's for
+    that many steps; after them (or off, the default) b's."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 10, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 6000.0, "c": 1000.0}, alloc, 1000.0)
+
+    def act(keeps: int, steps_since: int):
+        runner = _AlwaysWants(3)  # "+1 c"
+        runner.scaling_margin = None  # the shield alone
+        runner.grown_keeps_steps = keeps
+        fs = FeatureState(list(alloc))
+        fs.note_action({**alloc, "b": 9, "a": 5}, alloc)  # the last move grew b
+        for _ in range(steps_since):
+            fs.tick()
+        return runner.act(obs, alloc, specs, 18.0, fs)[0]
+
+    assert act(keeps=5, steps_since=2)["b"] == 10
+    assert act(keeps=5, steps_since=5)["b"] < 10
+    assert act(keeps=0, steps_since=0)["b"] < 10

@@ -21,6 +21,7 @@ the optimum for a whole run, where plumber's transfers reached 0.98).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
@@ -55,6 +56,15 @@ def _slack_key(name: str, alloc: Mapping[str, int], capacities: Mapping[str, flo
     n = alloc[name]
     left = cap * (n - 1) / n if cap is not None and n > 0 else math.inf
     return (left, n)
+
+
+def keep_slots(specs: Sequence[OpSpec], alloc: Mapping[str, int], kept: Mapping[str, int]) -> list[OpSpec]:
+    """``specs`` with each operator of ``kept`` held to at least its slots there (at most ``alloc``'s): no
+    donor, no "-1" below them."""
+    if not kept:
+        return list(specs)
+    return [dataclasses.replace(s, min_slots=max(s.min_slots, min(kept[s.name], alloc[s.name])))
+            if s.name in kept else s for s in specs]
 
 
 def pick_donor(

@@ -60,6 +60,11 @@ class FeatureState:
         #: operator -> (slots, until when) it may grow to bar its counters' noise after its cost per row
         #: rose (rl's ``shift_credit_s``)
         self.shift_credit: dict[str, tuple[int, float]] = {}
+        #: operator -> its slots when that rise was told: while the credit runs it keeps at least those
+        #: (rl's ``credit_keeps_slots``)
+        self.shift_told_slots: dict[str, int] = {}
+        #: operator -> steps since a move last grew it (rl's ``grown_keeps_steps``)
+        self.steps_since_grown: dict[str, int] = {}
 
     def note_util(self, obs: Observation, alpha: float) -> None:
         """Smooth each operator's busy share of its slots by ``alpha`` per tick (rl's ``waited_on_alpha``)."""
@@ -75,12 +80,15 @@ class FeatureState:
                 changed = True
                 if after.get(n, 0) > before.get(n, 0):
                     self.scaling.released.discard(n)  # grown: its next limit is measured afresh
+                    self.steps_since_grown[n] = 0
         if changed:
             self.steps_since_action = 0
 
     def tick(self) -> None:
         for n in self.steps_since_change:
             self.steps_since_change[n] += 1
+        for n in self.steps_since_grown:
+            self.steps_since_grown[n] += 1
         self.steps_since_action += 1
 
     def reset_best(self) -> None:

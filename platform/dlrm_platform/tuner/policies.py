@@ -736,6 +736,8 @@ class RLPolicy(Policy):
                           "rl_sized_shield": ("sized_shield", bool),
                           "rl_clear_bar": ("clear_bar", bool),
                           "rl_shift_credit_s": ("shift_credit_s", lambda v: None if v is None else float(v)),
+                          "rl_credit_keeps_slots": ("credit_keeps_slots", bool),
+                          "rl_grown_keeps_steps": ("grown_keeps_steps", int),
                           "rl_waited_on_alpha": ("waited_on_alpha", lambda v: None if v is None else float(v)),
                           "rl_sized_shield_others_util": ("sized_shield_others_util",
                                                           lambda v: None if v is None else float(v))}

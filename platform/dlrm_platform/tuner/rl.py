@@ -24,6 +24,7 @@ from dlrm_platform.tuner.actions import (
     grow_next_bottlenecks,
     grow_tied_pair,
     grow_while_it_pays,
+    keep_slots,
     predicted_bottleneck,
     vetoed_actions,
 )
@@ -151,6 +152,23 @@ class RLPolicyRunner:
     #: None: off). Live, per_task_overhead's sparse hash, its cost doubled at 9 slots and the shift told
     #: within 3 s, held there 20 s under "+2 predicts +22%; a move must clear 25%" (tuner/README.md, run 53)
     shift_credit_s: float | None = 60.0
+    #: ... and while the credit runs the operator keeps the slots it had when the shift was told: it gives
+    #: none of those to another operator's move, to a move back or to a probe of fewer (policy option
+    #: ``rl_credit_keeps_slots``); the slots the credit gave it, it may give back. Right after a shift its
+    #: counters read the new capacity high and low by turns (blocks of both costs in flight), and as the
+    #: pipeline's largest operator it is the donor that keeps the most capacity on paper: live,
+    #: per_task_overhead's hash, told at 9 slots at 69 s, gave 2 to feature_cross at 71 s on one window's
+    #: reading and took 4 back at 76 s, a dip the recovery clock ran on (tuner/README.md, run 56). Keeping
+    #: all its slots, simulated, starved contended_lookup's lookup for 39 s after its hash's shift
+    credit_keeps_slots: bool = True
+    #: an operator a move grew gives none of its slots to another operator's move for this many steps (policy
+    #: option ``rl_grown_keeps_steps``; 0: off): what a move gave, the next one took back on one window's
+    #: reading before the first had been measured (live, wide_skewed's hash: +1, then -1 for feature_cross
+    #: 2.3 s later, four times in 25 s of a steady run; tuner/README.md, run 56). A move back on its
+    #: measured scaling (``_move_back``) is not held by it. Off: simulated (10 seeds), 5 / 10 / 20 steps
+    #: slowed the recovery from the suite's cost shifts (mean 4.8 -> 5.3 / 6.3 / 8.9 s) and cost the suite
+    #: without warm-up 0.988 / 0.990 / 0.980 of the default's share of the optimum
+    grown_keeps_steps: int = 0
     #: while a pass still climbs (it has not held with every operator measured, nor moved back), a "+1"
     #: carries on to the operators that bound the pipeline after it, this many slots at most in all, each
     #: operator as far as a "+1" of its own would take it (``_most_slots``) and to double its slots at most
@@ -281,6 +299,11 @@ class RLPolicyRunner:
             fs.tick()
             return None, "hold (warming up)"
         vec, mask = featurize(obs, alloc, specs, budget, fs)
+        credited = ({n: fs.shift_told_slots.get(n, alloc[n]) for n in fs.shift_credit
+                     if self.credited(obs, fs, n) is not None} if self.credit_keeps_slots else {})
+        grown = {n: alloc[n] for n, k in fs.steps_since_grown.items() if k < self.grown_keeps_steps and n in alloc}
+        # the specs the moves see: a credited operator keeps its slots, one just grown all of them
+        moving = keep_slots(specs, alloc, {n: max(credited.get(n, 0), grown.get(n, 0)) for n in credited | grown})
         # a finished operator bounds nothing (and is the first donor)
         caps = {o.name: (None if o.completed else o.capacity) for o in obs.ops}
         limits: dict[str, int] = {}
@@ -288,7 +311,7 @@ class RLPolicyRunner:
             steady = {n for n, k in fs.steps_since_change.items() if k >= self.steady_steps}
             fs.scaling.record(alloc, {o.name: caps[o.name] for o in obs.ops if o.measured and o.name in steady},
                               delivered=self._delivered(obs, fs))
-            back = self._move_back(obs, alloc, specs, budget, fs)
+            back = self._move_back(obs, alloc, keep_slots(specs, alloc, credited), budget, fs)
             if back is not None:
                 fs.climbing = False  # it overshot somewhere: what follows refines
                 return back
@@ -305,7 +328,7 @@ class RLPolicyRunner:
         # the net sees the plain mask (as in training); the shield only vetoes its choice
         memory_bound = obs.at_memory_limit  # "+1" only from upstream slots (actions.py)
         min_gain = self.required_gain(obs, fs)
-        allowed = self._shield(obs, mask, alloc, specs, budget, caps, limits, fs, min_gain, memory_bound)
+        allowed = self._shield(obs, mask, alloc, moving, budget, caps, limits, fs, min_gain, memory_bound)
         growable = set()  # may take a slot more, whatever the shield's linear model says it gains
         eligible = set()  # may take a slot more where the shield's linear model says it gains
         for k, s in enumerate(specs[:K_MAX]):
@@ -331,7 +354,7 @@ class RLPolicyRunner:
             # operator: take the one the net likes best among those (its hold was a mistake).
             grow = np.zeros_like(allowed)
             grow[1:1 + K_MAX] = allowed[1:1 + K_MAX]
-            strong = self._shield(obs, grow, alloc, specs, budget, caps, limits, fs,
+            strong = self._shield(obs, grow, alloc, moving, budget, caps, limits, fs,
                                   max(self.hold_override_gain, min_gain), memory_bound)
             if strong.any():
                 a = self.choose(vec, strong)
@@ -340,7 +363,7 @@ class RLPolicyRunner:
             # Two operators tie at the bottleneck: a slot more for either leaves the other binding, so
             # the shield vetoes both and the net can only hold (a 7-operator pipeline held 52 s at 0.8 of
             # its optimum with two operators at 800 samples/s each); a slot more for each pays.
-            pair = grow_tied_pair(alloc, specs, budget, caps, growable, min_gain=min_gain, memory_bound=memory_bound)
+            pair = grow_tied_pair(alloc, moving, budget, caps, growable, min_gain=min_gain, memory_bound=memory_bound)
             if pair is not None:
                 new, first, second = pair
                 self.stats["tied_pairs"] += 1
@@ -356,7 +379,7 @@ class RLPolicyRunner:
             if (target := self.credited(obs, fs, name)) is not None:
                 # as many as the measured rise asks, each paying on the linear model
                 most = max(most, min(self._within_limit(name, alloc, limits), target - alloc[name]))
-        new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most,
+        new = grow_while_it_pays(a, alloc, moving, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound)
         what = describe_action(a, [s.name for s in specs])
         if new == alloc:
@@ -366,12 +389,12 @@ class RLPolicyRunner:
             # where its last step added less than a linear gain), and to double its slots at most
             cap = {n: min(alloc[n] + self._most_slots(n, alloc, limits, fs), 2 * alloc[n]) for n in eligible}
             cap[name] = min(cap.get(name, new[name]), alloc[name] + most)  # the net's pick: as sized above
-            new, chain = grow_next_bottlenecks(alloc, new, specs, budget, caps, cap, max_slots=self.chain_slots,
+            new, chain = grow_next_bottlenecks(alloc, new, moving, budget, caps, cap, max_slots=self.chain_slots,
                                                min_gain=self.shield_min_gain, memory_bound=memory_bound)
             if chain:
                 what += ", then " + ", ".join(f"+1 {n}" for n in chain) + ": the next bottlenecks"
         if a == 0:
-            what += self._why_hold(obs, alloc, specs, budget, caps, limits, fs, min_gain, memory_bound)
+            what += self._why_hold(obs, alloc, moving, budget, caps, limits, fs, min_gain, memory_bound)
         fs.tick()
         fs.note_action(alloc, new)
         return (new if new != alloc else None), what
@@ -500,8 +523,10 @@ class RLPolicyRunner:
         slots = next((o.slots for o in obs.ops if o.name == name), None)
         if self.shift_credit_s is None or slots is None or ratio <= 1.0:
             fs.shift_credit.pop(name, None)
+            fs.shift_told_slots.pop(name, None)
             return
         fs.shift_credit[name] = (math.ceil(slots * ratio - 1e-9), obs.t + self.shift_credit_s)
+        fs.shift_told_slots[name] = slots
 
     def credited(self, obs: Observation, fs: FeatureState, name: str) -> int | None:
         """The slots ``name`` may grow to on a shift's credit now (None: none, its time is up, or it has
@@ -518,6 +543,7 @@ class RLPolicyRunner:
         """Drop the credits spent (their operator has the slots) or run out, once a tick."""
         for name in [n for n in fs.shift_credit if self.credited(obs, fs, n) is None]:
             del fs.shift_credit[name]
+            fs.shift_told_slots.pop(name, None)
 
     def _move_back(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                    fs: FeatureState) -> tuple[Allocation, str] | None:
