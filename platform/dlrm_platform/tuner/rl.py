@@ -299,11 +299,14 @@ class RLPolicyRunner:
             fs.tick()
             return None, "hold (warming up)"
         vec, mask = featurize(obs, alloc, specs, budget, fs)
-        credited = ({n: fs.shift_told_slots.get(n, alloc[n]) for n in fs.shift_credit
-                     if self.credited(obs, fs, n) is not None} if self.credit_keeps_slots else {})
-        grown = {n: alloc[n] for n, k in fs.steps_since_grown.items() if k < self.grown_keeps_steps and n in alloc}
-        # the specs the moves see: a credited operator keeps its slots, one just grown all of them
-        moving = keep_slots(specs, alloc, {n: max(credited.get(n, 0), grown.get(n, 0)) for n in credited | grown})
+        # the slots each operator keeps: one on a shift's credit those it had when told, one just grown all
+        kept = ({n: fs.shift_told_slots.get(n, alloc[n]) for n in fs.shift_credit
+                 if self.credited(obs, fs, n) is not None} if self.credit_keeps_slots else {})
+        kept_by_moves = dict(kept)
+        for n, k in fs.steps_since_grown.items():
+            if k < self.grown_keeps_steps and n in alloc:
+                kept_by_moves[n] = alloc[n]
+        moving = keep_slots(specs, alloc, kept_by_moves)  # the specs the moves see
         # a finished operator bounds nothing (and is the first donor)
         caps = {o.name: (None if o.completed else o.capacity) for o in obs.ops}
         limits: dict[str, int] = {}
@@ -311,7 +314,7 @@ class RLPolicyRunner:
             steady = {n for n, k in fs.steps_since_change.items() if k >= self.steady_steps}
             fs.scaling.record(alloc, {o.name: caps[o.name] for o in obs.ops if o.measured and o.name in steady},
                               delivered=self._delivered(obs, fs))
-            back = self._move_back(obs, alloc, keep_slots(specs, alloc, credited), budget, fs)
+            back = self._move_back(obs, alloc, keep_slots(specs, alloc, kept), budget, fs)
             if back is not None:
                 fs.climbing = False  # it overshot somewhere: what follows refines
                 return back
