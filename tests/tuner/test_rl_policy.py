@@ -287,6 +287,36 @@ def test_rl_takes_no_rate_of_the_warm_up_after_the_first_rows_as_a_measurement()
     assert first_move({}) >= first_move(opts) + 5.0  # the same move, once rates count
 
 
+def test_rl_forgets_the_scaling_points_it_read_while_the_rates_still_climbed_after_the_warm_up():
+    """Live (run 56), dlrm_preprocessing's truncate_history read 4,100-6,900 samples/s at 4 slots in the 4 s
+    after the warm-up, then ~12,000 at 3: "3 -> 4 did not pay" held it at 3 through a cost shift that made it
+    the bottleneck. The moves on the climb still use its points; ``scaling_after_warmup_s`` after the
+    warm-up they are forgotten (limits and noise with them), and only what is read after counts."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0)]
+
+    def run(after_warmup_s: float) -> tuple[list, int | None]:
+        runner = _AlwaysWants(0)
+        runner.scaling_after_warmup_s = after_warmup_s
+        fs = FeatureState(["a", "b"])
+        fs.warming_up_t = 10.0
+        moves = []
+        for t, cap in ((11.0, 4000.0), (12.0, 5000.0), (13.0, 6000.0)):  # a's rate still climbs, at 4 slots
+            alloc = {"a": 4, "b": 4}
+            moves.append(runner.act(replace(_obs({"a": cap, "b": 20000.0}, alloc, cap), t=t), alloc, specs, 8.0, fs)[0])
+        fs.note_action({"a": 4, "b": 4}, {"a": 3, "b": 5})
+        for t in range(20, 24):
+            fs.tick()
+            alloc = {"a": 3, "b": 5}
+            runner.act(replace(_obs({"a": 12000.0, "b": 20000.0}, alloc, 12000.0), t=float(t)), alloc, specs, 8.0, fs)
+        return moves, fs.scaling.limit("a")
+
+    moves, limit = run(0.0)
+    assert limit == 3 and moves[0] is not None
+    moves, limit = run(RLPolicyRunner.scaling_after_warmup_s)
+    assert limit is None and moves[0] is not None  # the climb still moves
+    assert RLPolicyRunner.scaling_after_warmup_s == 8.0
+
+
 def test_rls_state_names_the_slots_measured_not_to_pay():
     """Each tick records the policy's state: rl's names the operators whose growth its scaling memory
     vetoes, and from how many slots (live, why it grew a lookup again was not in the records)."""

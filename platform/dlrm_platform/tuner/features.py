@@ -52,6 +52,8 @@ class FeatureState:
         self.moves = AllocationThroughput()
         #: when the pipeline last read as warming up (``Observation.warming_up``; None: not seen)
         self.warming_up_t: float | None = None
+        #: the ``warming_up_t`` whose climb rl's scaling memory has forgotten (``RLPolicyRunner.scaling_after_warmup_s``)
+        self.climb_forgotten_t: float | None = None
         #: the pass has not held yet since its operators were measured: rl's moves still climb from the
         #: start allocation (``RLPolicyRunner.chain_slots``)
         self.climbing = True

@@ -225,6 +225,14 @@ class RLPolicyRunner:
     #: after the first rows; 5,600 later), the linear model grew it +4 and +4 before any steady reading,
     #: and with nothing measured below 11 slots it stayed there (4,750 against 5,800 at 6)
     measure_after_delivery_s: float = 6.0
+    #: ... and its scaling memory forgets what it measured until this many seconds after the warm-up ended
+    #: (policy option ``rl_scaling_after_warmup_s``; 0: nothing): the rates keep climbing a while longer,
+    #: and a point read on the climb makes a limit that outlives it (the moves on the climb use its points,
+    #: as the steady ones after it do). Live, dlrm_preprocessing's truncate_history read 4,100-6,900
+    #: samples/s at 4 slots in the 4 s after the warm-up (1.7-3.5 of them busy), then ~12,000 at 3: "3 -> 4
+    #: did not pay", measured 4 times, held it at 3 for 90 steps, through a cost shift that made it the
+    #: bottleneck at 6,500 (35 s at its "measured limit", tuner/README.md, run 56)
+    scaling_after_warmup_s: float = 8.0
 
     def __init__(self, net, meta: dict | None = None):
         self.net = net
@@ -283,6 +291,16 @@ class RLPolicyRunner:
             return None  # the window reaches back into another allocation, or into the warm-up's ramp
         return obs.extra.get("throughput_long", obs.throughput)
 
+    def _climb_over(self, obs: Observation, fs: FeatureState) -> bool:
+        """``scaling_after_warmup_s`` have passed since the pass's warm-up, for the first time: what the
+        scaling memory took meanwhile (the moves on the climb need points) is forgotten."""
+        if fs.warming_up_t is None or fs.climb_forgotten_t == fs.warming_up_t:
+            return False
+        if obs.t - fs.warming_up_t < self.scaling_after_warmup_s:
+            return False
+        fs.climb_forgotten_t = fs.warming_up_t
+        return True
+
     def act(
         self,
         obs: Observation,
@@ -312,6 +330,8 @@ class RLPolicyRunner:
         limits: dict[str, int] = {}
         if self.scaling_margin is not None:
             steady = {n for n, k in fs.steps_since_change.items() if k >= self.steady_steps}
+            if self._climb_over(obs, fs):
+                fs.scaling.forget_all()
             fs.scaling.record(alloc, {o.name: caps[o.name] for o in obs.ops if o.measured and o.name in steady},
                               delivered=self._delivered(obs, fs))
             back = self._move_back(obs, alloc, keep_slots(specs, alloc, kept), budget, fs)

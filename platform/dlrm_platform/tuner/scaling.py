@@ -276,6 +276,13 @@ class ScalingMemory:
         self.expired_share.pop(name, None)
         self.released.discard(name)
 
+    def forget_all(self) -> None:
+        """Drop every operator's points, limits and noise: they were read while the pass's rates still
+        climbed (workers warming up), so neither the figures nor their spread describe it steady."""
+        for name in self.curves:
+            self.forget(name)
+        self.noise.clear()
+
     def forget_above(self, name: str, k: int) -> None:
         """Drop ``name``'s points above ``k`` slots (what it delivered there end to end says otherwise)."""
         curve = self.curves.get(name, {})
