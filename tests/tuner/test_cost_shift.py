@@ -269,3 +269,44 @@ def test_an_operator_measured_at_one_count_only_is_called_shifted_on_two_reading
         found += [(t, s.name, round(s.ratio, 1)) for s in det.push(snap, {"hash": 7, "pack": 2})]
     assert not det.flat and not det.count_dependent
     assert found == [(31, "hash", 2.0)]
+
+
+def test_a_run_begun_at_the_one_count_an_operator_is_known_at_goes_on_at_the_count_a_move_took_it_to():
+    """Live (run 57b), dlrm_preprocessing's truncate_history, known at 3 slots only, read 1.92x its cost
+    there; a second later the policy grew it to 5 (it had become the bottleneck) and its next reading, at 5
+    slots, read 1.89x: the run was dropped with the move and the shift was never told. A run begun at a
+    known count goes on at the count a move took it to, judged as it began; a single reading at the new
+    count, or one at another level, is no shift."""
+
+    def run(costs_after: list[float]) -> list:
+        det, w, found = CostShiftDetector(), _Worker(), []
+        for t in range(30 + len(costs_after)):
+            n = 3 if t <= 30 else 5  # moved right after the first stray reading
+            cost = 175e-6 * (costs_after[t - 30] if t >= 30 else 1.0)
+            found += [(t, round(s.ratio, 1)) for s in det.push(
+                RawSnapshot(float(t), {"truncate": w.advance(1, cost)}, 0.0), {"truncate": n})]
+        return found
+
+    assert run([1.92, 1.89, 1.9, 1.9]) == [(31, 1.9)]
+    assert run([1.92, 1.0, 1.0, 1.0]) == []  # back at its cost at 5: one stray reading
+    assert run([1.0, 1.92, 1.0, 1.0]) == []  # its first stray at a count not known yet: not far enough at once
+    assert run([1.92, 3.0, 3.0, 3.0]) == []  # not the same new level: no run to go on, nothing at 5 known yet
+
+
+@pytest.mark.parametrize("climb_s, told", [(8.0, [(50, 2.0)]), (0.0, [])])
+def test_readings_on_the_climb_after_a_restart_set_no_cost_at_a_count(climb_s, told):
+    """Live (run 56), dlrm_preprocessing's truncate_history read 191-279 us per row at 4 slots in the seconds
+    after the warm-up (the pipeline still climbing, its workers sharing the CPUs with its start) and 166 us at
+    3 later: its costs at two counts differed, it was count-dependent and its doubled cost at 3 was never
+    judged. The first ``climb_s`` seconds after a restart count toward no cost at a count."""
+    det, w, found = CostShiftDetector(climb_s=climb_s), _Worker(), []
+    climb = [1.3, 1.6, 1.7, 1.15, 1.0, 1.15, 1.1, 1.2]  # t = 6..13, at 4 slots
+    for t in range(55):
+        if t < 6:
+            det.restart()  # the warm-up: the observer restarts the detector at every snapshot
+        n = 4 if t < 14 else 3
+        cost = 166e-6 * (climb[t - 6] if 6 <= t < 14 else 2.0 if t >= 49 else 1.0)
+        found += [(t, round(s.ratio, 1)) for s in det.push(RawSnapshot(float(t), {"truncate": w.advance(1, cost)}, 0.0),
+                                                           {"truncate": n})]
+    assert found == told
+    assert ("truncate" in det.count_dependent) == (climb_s == 0.0)
