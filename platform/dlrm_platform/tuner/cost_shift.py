@@ -118,8 +118,6 @@ class CostShiftDetector:
         self.at_count: dict[tuple[str, int | None], _Readings] = {}
         #: operator -> (log cost, snapshot time before it) of its latest readings in a row that strayed
         self._strayed: dict[str, list[tuple[float, float]]] = {}
-        #: operator -> the typical cost (log) its run strays from
-        self._strayed_from: dict[str, float] = {}
         self._prev: RawSnapshot | None = None
         self._slots: dict[str, int | None] = {}
         #: operator -> until when its readings are left out of its costs at a count (after its slots or its
@@ -251,9 +249,8 @@ class CostShiftDetector:
         # judged as it began: live, dlrm_preprocessing's truncate_history read 1.92x its cost at 3 slots, the
         # policy grew it to 5 a second later (it had become the bottleneck), and the run was dropped there:
         # the shift was never told (tuner/README.md, run 58)
+        # (its typical cost is still the one the run strays from: a reading that strays is no part of it)
         carried = bool(run) and not known_here and not flat and name not in self.count_dependent
-        if carried:
-            typical = self._strayed_from.get(name, typical)
         one_count = one_count or carried
         if bar is not None and ((not run and not known_here) or one_count):
             # flat where it was measured is no promise past it: a contended table's cost per row stays put
@@ -267,8 +264,6 @@ class CostShiftDetector:
             run = []  # strayed the other way, or not to the same new level: a new run ...
             stray = not carried  # ... which does not begin at a count not known yet
         if (flat or one_count) and stray:
-            if not run:
-                self._strayed_from[name] = typical
             run.append((x, before))
             self._strayed[name] = run
             if len(run) < self.confirm and (one_count or abs(x - typical) <= once):
