@@ -545,7 +545,7 @@ def test_a_measured_rise_in_cost_per_row_lets_the_noisy_bottleneck_grow_back_pas
     fs = FeatureState(list(alloc))
     new, what = act(fs)
     assert new is not None and new["b"] > 12, what  # as far as each slot pays: a and c give theirs
-    assert fs.shift_credit["b"] == (20, 70.0)
+    assert fs.shift_credit["b"] == (20, 70.0) and fs.shift_told_capacity["b"] == 1000.0
     held, what = act(FeatureState(list(alloc)), credit_s=None)  # off: the noise bar as before
     assert held is None and "a move must clear 25%" in what, what
     late = FeatureState(list(alloc))
@@ -576,6 +576,35 @@ def test_a_shifts_credit_stands_in_for_the_steady_measurement_its_forgotten_curv
     assert held is None and "b, the bottleneck, is not yet measured steady at 10 slots" in what, what
     new, what = act(credit=True)
     assert new is not None and new["b"] > 10, what
+
+
+def test_a_count_the_credit_took_an_operator_to_grows_on_it_again_only_where_it_reads_no_less_than_told():
+    """b's cost per row doubled at 10 slots, read 1,500/s then (credit: up to 20), and the credit took it to
+    12, where one window now reads 1,200/s: fewer than told on more slots is the move still showing (live,
+    storage_saturated's read went 3 -> 4 -> 6 in 2 s on such a window, past its 3 storage channels: run 59).
+    So b holds until measured steady at 12, then grows on its credit; where 12 reads no less than told
+    (1,000/s then), or with ``credit_measures_told_count`` off, it grows at once."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 12, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 1200.0, "c": 2000.0}, alloc, 1200.0, util={"a": 0.25, "b": 1.0, "c": 0.5})
+
+    def act(told_count_only: bool = True, measured: bool = False, told_capacity: float = 1500.0):
+        runner = _AlwaysWants(2)  # "+1 b"
+        runner.credit_measures_told_count = told_count_only
+        fs = FeatureState(list(alloc))
+        fs.shift_credit["b"] = (20, 70.0)
+        fs.shift_told_slots["b"] = 10  # told at 10; the credit's first move took it to 12
+        fs.shift_told_capacity["b"] = told_capacity
+        fs.steps_since_change["b"] = 0
+        if measured:
+            fs.scaling.curves["b"] = {12: (1200.0, fs.scaling.step, 1, None)}  # steady at 12 since
+        return runner.act(obs, alloc, specs, 22.0, fs)
+
+    held, what = act()
+    assert held is None and "b, the bottleneck, is not yet measured steady at 12 slots" in what, what
+    for kwargs in ({"measured": True}, {"told_capacity": 1000.0}, {"told_count_only": False}):
+        new, what = act(**kwargs)
+        assert new is not None and new["b"] > 12, (kwargs, new, what)
 
 
 def test_an_operator_on_a_shifts_credit_gives_no_slot_to_another_operators_move():

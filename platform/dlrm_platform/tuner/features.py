@@ -65,6 +65,9 @@ class FeatureState:
         #: operator -> its slots when that rise was told: while the credit runs it keeps at least those
         #: (rl's ``credit_keeps_slots``)
         self.shift_told_slots: dict[str, int] = {}
+        #: operator -> its measured capacity (samples/s) in the reading the rise was told in (None: none read;
+        #: rl's ``credit_measures_told_count``)
+        self.shift_told_capacity: dict[str, float | None] = {}
         #: operator -> steps since a move last grew it (rl's ``grown_keeps_steps``)
         self.steps_since_grown: dict[str, int] = {}
 

@@ -737,6 +737,7 @@ class RLPolicy(Policy):
                           "rl_clear_bar": ("clear_bar", bool),
                           "rl_shift_credit_s": ("shift_credit_s", lambda v: None if v is None else float(v)),
                           "rl_credit_keeps_slots": ("credit_keeps_slots", bool),
+                          "rl_credit_measures_told_count": ("credit_measures_told_count", bool),
                           "rl_grown_keeps_steps": ("grown_keeps_steps", int),
                           "rl_scaling_after_warmup_s": ("scaling_after_warmup_s", float),
                           "rl_waited_on_alpha": ("waited_on_alpha", lambda v: None if v is None else float(v)),

@@ -161,6 +161,18 @@ class RLPolicyRunner:
     #: reading and took 4 back at 76 s, a dip the recovery clock ran on (tuner/README.md, run 56). Keeping
     #: all its slots, simulated, starved contended_lookup's lookup for 39 s after its hash's shift
     credit_keeps_slots: bool = True
+    #: ... and the credit stands in for a steady measurement at the count the shift was told at, and at a
+    #: count it took the operator to only while that reads at least the capacity told at; otherwise the count
+    #: is measured (``steady_steps``) before the operator grows again (policy option
+    #: ``rl_credit_measures_told_count``; False: at any count while the credit runs). The rise was measured
+    #: at the told count; right after a move a window still shows the move (new slots not yet delivering,
+    #: blocks of both costs), and the credit, sized by the linear model, knows no limit past it. Live,
+    #: storage_saturated's read (3 storage channels), told at 3 slots (8,757 samples/s, x1.9: credit to 6),
+    #: went +1 at 62.7 s and, on a window 2 s later (5,475 at 4 slots, ~9,500 once steady), +2 to 6, taking
+    #: decode and sparse_hash below what they needed: 7,200-7,600 samples/s until moved back, recovery 46 s.
+    #: Measured at any count after the first move (not only where it reads low), the simulator's shifts took
+    #: longer: mean 5.2 s against 4.5, dlrm_preprocessing 33 s once (tuner/README.md, run 59)
+    credit_measures_told_count: bool = True
     #: an operator a move grew gives none of its slots to another operator's move for this many steps (policy
     #: option ``rl_grown_keeps_steps``; 0: off): what a move gave, the next one took back on one window's
     #: reading before the first had been measured (live, wide_skewed's hash: +1, then -1 for feature_cross
@@ -358,7 +370,7 @@ class RLPolicyRunner:
             if s.name in limits and alloc[s.name] >= limits[s.name]:
                 allowed[1 + k] = False  # measured: more slots did not pay
             elif (self.scaling_margin is not None and not self._measured_enough(fs, s.name, alloc[s.name])
-                  and self.credited(obs, fs, s.name) is None):
+                  and not self._credit_measures(obs, alloc, fs, s.name)):
                 # not measured steady at its slots yet: grown once that says it paid. A shift's credit is the
                 # measurement (its rise, read from its workers' time per row): live, a hash whose cost doubled
                 # held 3 s for steadiness, then 5 s more after one slot, before it grew (run 54)
@@ -543,13 +555,15 @@ class RLPolicyRunner:
     def note_cost_shift(self, obs: Observation, fs: FeatureState, name: str, ratio: float) -> None:
         """``name``'s cost per row changed by ``ratio``: where it rose past the tolerance the shift
         counts as a cost shift for, a credit to grow it back to its capacity before, bar the noise."""
-        slots = next((o.slots for o in obs.ops if o.name == name), None)
-        if self.shift_credit_s is None or slots is None or ratio <= 1.0:
+        op = next((o for o in obs.ops if o.name == name), None)
+        if self.shift_credit_s is None or op is None or ratio <= 1.0:
             fs.shift_credit.pop(name, None)
             fs.shift_told_slots.pop(name, None)
+            fs.shift_told_capacity.pop(name, None)
             return
-        fs.shift_credit[name] = (math.ceil(slots * ratio - 1e-9), obs.t + self.shift_credit_s)
-        fs.shift_told_slots[name] = slots
+        fs.shift_credit[name] = (math.ceil(op.slots * ratio - 1e-9), obs.t + self.shift_credit_s)
+        fs.shift_told_slots[name] = op.slots
+        fs.shift_told_capacity[name] = op.capacity
 
     def credited(self, obs: Observation, fs: FeatureState, name: str) -> int | None:
         """The slots ``name`` may grow to on a shift's credit now (None: none, its time is up, or it has
@@ -562,11 +576,24 @@ class RLPolicyRunner:
             return None
         return credit[0]
 
+    def _credit_measures(self, obs: Observation, alloc: Allocation, fs: FeatureState, name: str) -> bool:
+        """``name``'s shift credit stands in for a steady measurement at its slots: it has a credit and (with
+        ``credit_measures_told_count``) still the slots the shift was told at, or more slots that read at least
+        the capacity it was told at."""
+        if self.credited(obs, fs, name) is None:
+            return False
+        if not self.credit_measures_told_count or alloc[name] == fs.shift_told_slots.get(name):
+            return True
+        told = fs.shift_told_capacity.get(name)
+        now = next((o.capacity for o in obs.ops if o.name == name), None)
+        return told is not None and now is not None and now >= told
+
     def _expire_credits(self, obs: Observation, fs: FeatureState) -> None:
         """Drop the credits spent (their operator has the slots) or run out, once a tick."""
         for name in [n for n in fs.shift_credit if self.credited(obs, fs, n) is None]:
             del fs.shift_credit[name]
             fs.shift_told_slots.pop(name, None)
+            fs.shift_told_capacity.pop(name, None)
 
     def _move_back(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                    fs: FeatureState) -> tuple[Allocation, str] | None:
