@@ -170,8 +170,8 @@ class RLPolicyRunner:
     #: storage_saturated's read (3 storage channels), told at 3 slots (8,757 samples/s, x1.9: credit to 6),
     #: went +1 at 62.7 s and, on a window 2 s later (5,475 at 4 slots, ~9,500 once steady), +2 to 6, taking
     #: decode and sparse_hash below what they needed: 7,200-7,600 samples/s until moved back, recovery 46 s.
-    #: Measured at any count after the first move (not only where it reads low), the simulator's shifts took
-    #: longer: mean 5.2 s against 4.5, dlrm_preprocessing 33 s once (tuner/README.md, run 59)
+    #: Simulated, it costs the shifts that wait: mean 4.9 s against 4.5, dlrm_preprocessing 33 s once (measured
+    #: at any count after the first move, however it read: 5.2 s; tuner/README.md, run 59)
     credit_measures_told_count: bool = True
     #: an operator a move grew gives none of its slots to another operator's move for this many steps (policy
     #: option ``rl_grown_keeps_steps``; 0: off): what a move gave, the next one took back on one window's
