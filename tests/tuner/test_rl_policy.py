@@ -241,6 +241,7 @@ def test_rl_holds_until_the_operators_it_moved_have_been_measured_again():
     class MovesOneSlotToB:  # stands in for the net: the gate is what is under test
         calls = 0
         waited_on_alpha = None
+        idle_reads_busy_capacity = None
 
         def act(self, obs, alloc, specs, budget, fs):
             self.calls += 1
@@ -341,7 +342,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     opts = {"rl_return_past_limit": True, "rl_limit_hysteresis": None, "rl_delivered_window_s": None,
             "rl_noisy_max_repeat": 2, "rl_noisy_growth_noise": 0.2, "rl_delivered_max_age": 30,
             "rl_slope_sized_growth": True, "rl_one_slot_after_release": True, "rl_chain_slots": 3,
-            "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3}
+            "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3, "rl_idle_reads_busy_capacity": None}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -358,6 +359,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.waited_on_alpha == 0.3 and plain.runner.waited_on_alpha == RLPolicyRunner.waited_on_alpha
     assert with_options.fs.scaling.above_min_readings == 3
     assert plain.fs.scaling.above_min_readings == RLPolicyRunner.above_min_readings
+    assert with_options.runner.idle_reads_busy_capacity is None
+    assert plain.runner.idle_reads_busy_capacity == RLPolicyRunner.idle_reads_busy_capacity == 0.8
 
 
 def test_while_a_pass_climbs_a_move_carries_on_to_the_next_bottlenecks():
@@ -639,6 +642,55 @@ def test_an_operator_on_a_shifts_credit_gives_no_slot_to_another_operators_move(
         assert new is not None and new["c"] > 4 and new["b"] < 10, (credit, keeps, new, what)
     new, what = act(minus_b, credit=True)  # vetoed: the net's next choice, never b's slots
     assert new is None or new["b"] == 10, (new, what)
+
+
+def test_an_idle_donor_reads_no_more_than_the_capacity_per_slot_it_read_busy():
+    """b's cost per row doubled at 10 slots (credit: up to 20) and a, waiting on b, sits 5% busy: its window
+    reads 24,000/s at 6 slots from the few blocks that finished in it, where busy it read 500/s a slot (live,
+    per_task_overhead's parse read 257,099 at 6 slots idle, 12,788 busy, and the credit took it 6 -> 3, the
+    new bottleneck: run 59). With ``idle_reads_busy_capacity`` the move reads a at 3,000/s and leaves it the
+    slots b's new rate needs; off, the linear model takes a below them."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 6, "b": 10, "c": 4}
+    obs = _obs({"a": 24000.0, "b": 1000.0, "c": 3000.0}, alloc, 1000.0, util={"a": 0.05, "b": 1.0, "c": 0.5})
+
+    def act(option: float | None):
+        runner = _AlwaysWants(2)  # "+1 b"
+        runner.idle_reads_busy_capacity = option
+        fs = FeatureState(list(alloc))
+        fs.busy_capacity_per_slot["a"] = 500.0
+        runner.note_cost_shift(obs, fs, "b", 2.0)
+        return runner.act(obs, alloc, specs, 20.0, fs)
+
+    new, what = act(0.8)
+    assert new is not None and new["b"] > 10 and new["a"] * 500.0 >= new["b"] * 100.0, (new, what)
+    new, what = act(None)
+    assert new is not None and new["b"] > 10 and new["a"] * 500.0 < new["b"] * 100.0, (new, what)
+
+
+def test_the_busy_capacity_per_slot_is_noted_only_from_busy_readings_at_a_count_held_a_few_steps():
+    """A reading counts where the operator's slots were at least ``min_util`` busy and unchanged for
+    ``min_steps`` steps (right after a move a window reads the move: live, 212,708 samples/s for 4 slots
+    that deliver 18,000); the figure is the median of the last readings, so one busy window that reads high
+    moves it little; a cost shift forgets them."""
+    alloc = {"a": 4, "b": 4}
+    fs = FeatureState(list(alloc))
+
+    def note(a: float, util_a: float = 1.0, b: float = 8000.0, util_b: float = 0.1):
+        fs.note_busy_capacity(_obs({"a": a, "b": b}, alloc, 1.0, util={"a": util_a, "b": util_b}), 0.8, 3)
+
+    note(4000.0, util_a=0.9)
+    assert fs.busy_capacity_per_slot == {"a": 1000.0}  # b, 10% busy: not a busy reading
+    note(2000.0, util_b=0.9)
+    assert fs.busy_capacity_per_slot == {"a": 750.0, "b": 2000.0}
+    note(3600.0)
+    note(40000.0)  # one busy window reading 10x
+    assert fs.busy_capacity_per_slot["a"] == 950.0  # median of 1,000 / 500 / 900 / 10,000
+    fs.steps_since_change["a"] = 1  # just moved
+    note(80000.0)
+    assert fs.busy_capacity_per_slot["a"] == 950.0
+    fs.forget_busy_capacity("a")
+    assert "a" not in fs.busy_capacity_per_slot and "a" not in fs.busy_readings
 
 
 def test_with_grown_keeps_steps_an_operator_just_grown_gives_no_slot_to_the_next_move():

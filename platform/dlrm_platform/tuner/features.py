@@ -70,12 +70,35 @@ class FeatureState:
         self.shift_told_capacity: dict[str, float | None] = {}
         #: operator -> steps since a move last grew it (rl's ``grown_keeps_steps``)
         self.steps_since_grown: dict[str, int] = {}
+        #: operator -> its capacity per slot (samples/s) as read while its slots were busy at a count held a
+        #: few steps: the median of its last readings (``note_busy_capacity``; rl's ``idle_reads_busy_capacity``)
+        self.busy_capacity_per_slot: dict[str, float] = {}
+        self.busy_readings: dict[str, list[float]] = {}
 
     def note_util(self, obs: Observation, alpha: float) -> None:
         """Smooth each operator's busy share of its slots by ``alpha`` per tick (rl's ``waited_on_alpha``)."""
         for o in obs.ops:
             old = self.util.get(o.name)
             self.util[o.name] = o.util if old is None else (1.0 - alpha) * old + alpha * o.util
+
+    def note_busy_capacity(self, obs: Observation, min_util: float, min_steps: int, readings: int = 5) -> None:
+        """Each operator's capacity per slot as the median of its last ``readings`` readings taken with its
+        slots at least ``min_util`` busy and unchanged for ``min_steps`` steps (rl's ``idle_reads_busy_capacity``):
+        a busy window reads high now and then too (live, per_task_overhead's parse 56,379 samples/s at 6
+        slots, 100% busy, between readings of 16,000), and a mean would carry it for ticks."""
+        for o in obs.ops:
+            if (o.completed or not o.measured or o.capacity is None or o.slots <= 0 or o.util < min_util
+                    or self.steps_since_change.get(o.name, 0) < min_steps):
+                continue
+            last = self.busy_readings.setdefault(o.name, [])
+            last.append(o.capacity / o.slots)
+            del last[:-readings]
+            self.busy_capacity_per_slot[o.name] = float(np.median(last))
+
+    def forget_busy_capacity(self, name: str) -> None:
+        """Drop ``name``'s busy readings (its cost per row changed: they describe it before)."""
+        self.busy_capacity_per_slot.pop(name, None)
+        self.busy_readings.pop(name, None)
 
     def note_action(self, before: Mapping[str, int], after: Mapping[str, int]) -> None:
         changed = False

@@ -739,6 +739,8 @@ class RLPolicy(Policy):
                           "rl_credit_keeps_slots": ("credit_keeps_slots", bool),
                           "rl_credit_measures_told_count": ("credit_measures_told_count", bool),
                           "rl_grown_keeps_steps": ("grown_keeps_steps", int),
+                          "rl_idle_reads_busy_capacity": ("idle_reads_busy_capacity",
+                                                          lambda v: None if v is None else float(v)),
                           "rl_scaling_after_warmup_s": ("scaling_after_warmup_s", float),
                           "rl_waited_on_alpha": ("waited_on_alpha", lambda v: None if v is None else float(v)),
                           "rl_sized_shield_others_util": ("sized_shield_others_util",
@@ -833,6 +835,7 @@ class RLPolicy(Policy):
             self.rates.rescale(name, ratio)
             self.fs.scaling.forget(name)
             self.fs.steps_since_change[name] = 0
+            self.fs.forget_busy_capacity(name)  # read at the cost before
             self.runner.note_cost_shift(obs, self.fs, name, ratio)
             if self.judge_moves:
                 self.fs.moves.forget()
@@ -842,6 +845,8 @@ class RLPolicy(Policy):
         self._note_cost_shifts(obs)
         if self.runner.waited_on_alpha is not None:
             self.fs.note_util(obs, self.runner.waited_on_alpha)  # every tick, held or not
+        if self.runner.idle_reads_busy_capacity is not None:  # every tick, held or not
+            self.fs.note_busy_capacity(obs, self.runner.idle_reads_busy_capacity, self.runner.steady_steps)
         if self.judge_moves and self.fs.scaling.cross_shifts != self.shifts_seen:
             self.shifts_seen = self.fs.scaling.cross_shifts
             self.fs.moves.forget()  # what was delivered before a cost shift judges nothing after it

@@ -173,6 +173,18 @@ class RLPolicyRunner:
     #: Simulated, it costs the shifts that wait: mean 4.9 s against 4.5, dlrm_preprocessing 33 s once (measured
     #: at any count after the first move, however it read: 5.2 s; tuner/README.md, run 59)
     credit_measures_told_count: bool = True
+    #: while a shift's credit runs, an operator whose slots read less busy than this has its capacity read, for
+    #: the moves, as no more than the capacity per slot it read busy (this share or more of its slots, at a
+    #: count held ``steady_steps``; ``FeatureState.busy_capacity_per_slot``) times its slots (policy option
+    #: ``rl_idle_reads_busy_capacity``; None: as read). Right after a shift the operators around the shifted one
+    #: sit idle, and a figure from an idle window rests on the few blocks that finished in it: live, donors
+    #: read 1.5-20x what they had read busy (per_task_overhead's parse 257,099 samples/s at 6 slots, 0% busy,
+    #: against 12,788 busy; its read 56,596 at 3, 44% busy, against 17,745), and the credit's moves took them
+    #: below what the pipeline needed: parse 6 -> 3, read 3 -> 1, each then the bottleneck (tuner/README.md,
+    #: runs 59-60). Only while a credit runs: simulated, read so at every move it cost the noisiest steady
+    #: pipelines (wide_skewed at counter noise 0.4: 0.870 of the optimum against 0.896; held out without
+    #: warm-up 0.951 against 0.966), where a busy figure as noisy as the idle one biases every donor low
+    idle_reads_busy_capacity: float | None = 0.8
     #: an operator a move grew gives none of its slots to another operator's move for this many steps (policy
     #: option ``rl_grown_keeps_steps``; 0: off): what a move gave, the next one took back on one window's
     #: reading before the first had been measured (live, wide_skewed's hash: +1, then -1 for feature_cross
@@ -351,6 +363,9 @@ class RLPolicyRunner:
                 fs.climbing = False  # it overshot somewhere: what follows refines
                 return back
             limits = {s.name: lim for s in specs if (lim := fs.scaling.limit(s.name)) is not None}
+        if self.idle_reads_busy_capacity is not None and any(self.credited(obs, fs, n) is not None
+                                                             for n in fs.shift_credit):
+            caps = self._busy_read(obs, caps, fs)
         for s in specs:  # a move that grew it was measured to deliver less end to end
             if (lim := fs.moves.limit(s.name, obs.t)) is not None:
                 limits[s.name] = min(limits.get(s.name, lim), lim)
@@ -433,6 +448,18 @@ class RLPolicyRunner:
         fs.tick()
         fs.note_action(alloc, new)
         return (new if new != alloc else None), what
+
+    def _busy_read(self, obs: Observation, caps: dict[str, float | None],
+                   fs: FeatureState) -> dict[str, float | None]:
+        """``caps`` with each operator read less busy than ``idle_reads_busy_capacity`` at no more than its
+        slots times the capacity per slot it read busy (where it has read busy since its last cost shift);
+        the caller asks only while a shift's credit runs."""
+        out = dict(caps)
+        for o in obs.ops:
+            per_slot = fs.busy_capacity_per_slot.get(o.name)
+            if out.get(o.name) is not None and per_slot is not None and o.util < self.idle_reads_busy_capacity:
+                out[o.name] = min(out[o.name], per_slot * o.slots)
+        return out
 
     def _shield(self, obs: Observation, mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                 caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState, min_gain: float,
