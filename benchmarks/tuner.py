@@ -624,7 +624,8 @@ def _timeline(ticks: list[dict]) -> list[dict]:
 
     return [{"t": r(t.get("elapsed"), 1), "throughput": r(t.get("throughput")), "bottleneck": t.get("bottleneck"),
              "allocation": t.get("allocation"), "block_rows": t.get("block_rows"),
-             "policy_state": t.get("policy_state"), "mem": [r(t.get("mem_used")), r(t.get("mem_limit"))],
+             "policy_state": t.get("policy_state"), "cost_shifts": t.get("cost_shifts"),
+             "mem": [r(t.get("mem_used")), r(t.get("mem_limit"))],
              "ops": {n: {"capacity": r(o.get("capacity")), "running": r(o.get("running"), 2),
                          "util": r(o.get("util"), 2), "throttled": r(o.get("throttled"), 2),
                          "rows_out_total": r(o.get("rows_out_total")), "busy_s_total": r(o.get("busy_s_total"), 3),

@@ -43,12 +43,13 @@ def test_summary_and_mlflow_logging(tmp_path):
     del mlflow
 
 
-def test_report_names_the_choice_each_decision_s_bottleneck_and_gain_and_the_cached_epochs():
+def test_report_names_the_choice_each_decision_s_bottleneck_and_gain_the_cost_shifts_and_the_cached_epochs():
     spec = TunerSpec("rec-auto", "auto", 8.0, [OpSpec("read", 1.0), OpSpec("parse", 1.0)])
     handle = TunerHandle(spec)
     ticks = _ticks()
     ticks[5]["explanation"] = {"bottleneck": "parse", "expected_gain": 0.5,
                                "text": "bottleneck parse (100 samples/s); expected 150 samples/s (+50%)"}
+    ticks[5]["cost_shifts"] = {"parse": 1.98}  # told in the tick that moved it 2 -> 5
     handle._cache = [{"type": "note", "epoch": 1, "choice": "plumber", "reason": "2 operators"}, *ticks,
                      {"type": "report", "epoch": 1, "text": "bottleneck: parse - lowest capacity"}]
     (move,) = handle.decisions()
@@ -58,4 +59,6 @@ def test_report_names_the_choice_each_decision_s_bottleneck_and_gain_and_the_cac
     assert "pipeline execution 1: auto chose plumber: 2 operators" in text
     assert "parse +3" in text and "expected 150 samples/s (+50%)" in text
     assert "bottleneck: parse - lowest capacity" in text
+    assert handle.cost_shifts() == [{"elapsed_s": 5.0, "epoch": 1, "operator": "parse", "ratio": 1.98, "slots": 2}]
+    assert "cost shifts told: 1" in text and "t=5.0s execution 1: parse costs 1.98x per row what it did, at 2 slots" in text
     assert "training epoch 1: replayed from the epoch cache" in text and "epoch 0: replayed" not in text

@@ -242,6 +242,7 @@ def test_rl_holds_until_the_operators_it_moved_have_been_measured_again():
         calls = 0
         waited_on_alpha = None
         idle_reads_busy_capacity = None
+        credit_reads_rise = False
 
         def act(self, obs, alloc, specs, budget, fs):
             self.calls += 1
@@ -342,7 +343,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     opts = {"rl_return_past_limit": True, "rl_limit_hysteresis": None, "rl_delivered_window_s": None,
             "rl_noisy_max_repeat": 2, "rl_noisy_growth_noise": 0.2, "rl_delivered_max_age": 30,
             "rl_slope_sized_growth": True, "rl_one_slot_after_release": True, "rl_chain_slots": 3,
-            "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3, "rl_idle_reads_busy_capacity": None}
+            "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3, "rl_idle_reads_busy_capacity": None,
+            "rl_credit_reads_rise": False}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -361,6 +363,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert plain.fs.scaling.above_min_readings == RLPolicyRunner.above_min_readings
     assert with_options.runner.idle_reads_busy_capacity is None
     assert plain.runner.idle_reads_busy_capacity == RLPolicyRunner.idle_reads_busy_capacity == 0.8
+    assert with_options.runner.credit_reads_rise is False and plain.runner.credit_reads_rise is True
 
 
 def test_while_a_pass_climbs_a_move_carries_on_to_the_next_bottlenecks():
@@ -666,6 +669,47 @@ def test_an_idle_donor_reads_no_more_than_the_capacity_per_slot_it_read_busy():
     assert new is not None and new["b"] > 10 and new["a"] * 500.0 >= new["b"] * 100.0, (new, what)
     new, what = act(None)
     assert new is not None and new["b"] > 10 and new["a"] * 500.0 < new["b"] * 100.0, (new, what)
+
+
+def test_a_shifted_operator_reads_on_its_credit_no_more_than_its_rise_implies():
+    """b's cost per row doubled at 7 slots, where busy it had read 2,000/s a slot; the window the shift is
+    told in reads b at 20,000/s (blocks of both costs finishing together) and c binds on paper (live,
+    per_task_overhead's hash read 19,932 at 7 slots against ~4,800 and grew one measured slot per 6.5 s:
+    run 60e). With ``credit_reads_rise`` b counts at 1,000/s a slot, the bottleneck, and its credit grows it
+    several slots at once; the capacity it was told at is 7,000/s, so at 9 slots a reading of 8,000/s lets it
+    grow again at once. Off, the "+1 b" is vetoed (b is not the bottleneck on paper), and at 9 slots b waits to
+    be measured steady (told at 20,000/s)."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 6, "b": 7, "c": 5}
+    told = _obs({"a": 24000.0, "b": 20000.0, "c": 10000.0}, alloc, 10000.0)
+
+    def credit(option: bool) -> tuple[_AlwaysWants, FeatureState]:
+        runner = _AlwaysWants(2)  # "+1 b"
+        runner.credit_reads_rise = option
+        fs = FeatureState(list(alloc))
+        fs.busy_capacity_per_slot.update({"a": 4000.0, "b": 2000.0, "c": 2000.0})
+        runner.note_cost_shift(told, fs, "b", 2.0)  # credit: up to 14 slots
+        return runner, fs
+
+    runner, fs = credit(True)
+    assert fs.shift_told_capacity["b"] == 7000.0 and fs.shift_capacity_per_slot["b"] == 1000.0
+    new, what = runner.act(told, alloc, specs, 18.0, fs)
+    assert new is not None and new["b"] >= 9, (new, what)
+    runner, fs = credit(False)
+    assert fs.shift_told_capacity["b"] == 20000.0 and "b" not in fs.shift_capacity_per_slot
+    new, what = runner.act(told, alloc, specs, 18.0, fs)
+    assert new is None or new["b"] <= 7, (new, what)
+
+    grown = {"a": 4, "b": 9, "c": 5}  # where the credit took it; one window reads b at 8,000
+    later = _obs({"a": 16000.0, "b": 8000.0, "c": 10000.0}, grown, 8000.0)
+    for option in (True, False):
+        runner, fs = credit(option)
+        fs.steps_since_change["b"] = 0
+        new, what = runner.act(later, grown, specs, 18.0, fs)
+        if option:
+            assert new is not None and new["b"] > 9, (new, what)
+        else:
+            assert new is None and "b, the bottleneck, is not yet measured steady at 9 slots" in what, what
 
 
 def test_the_busy_capacity_per_slot_is_noted_only_from_busy_readings_at_a_count_held_a_few_steps():

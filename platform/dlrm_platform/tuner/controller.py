@@ -228,6 +228,8 @@ class Controller:
             "memory_guard_blocks": self.mem_blocks,
             "block_rows": self.block_rows,
             "bottleneck": obs.bottleneck(),
+            # operator -> new / old cost per row, told this tick from the workers' clocks (tuner/cost_shift.py)
+            "cost_shifts": dict(obs.extra.get("cost_shifts") or {}) or None,
         })
 
     def pop_records(self) -> list[dict]:

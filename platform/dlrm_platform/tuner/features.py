@@ -37,6 +37,11 @@ GLOBAL_FEATURES = (
 )
 
 
+#: a reading of an operator whose slots were at least this share busy is a busy reading
+#: (``FeatureState.note_busy_capacity``; rl's ``idle_reads_busy_capacity`` and ``credit_reads_rise``)
+BUSY_UTIL = 0.8
+
+
 class FeatureState:
     """What the features remember between steps (per controller / episode)."""
 
@@ -68,6 +73,9 @@ class FeatureState:
         #: operator -> its measured capacity (samples/s) in the reading the rise was told in (None: none read;
         #: rl's ``credit_measures_told_count``)
         self.shift_told_capacity: dict[str, float | None] = {}
+        #: operator -> the capacity per slot (samples/s) its rise implies: what it read busy before, divided by
+        #: the rise (rl's ``credit_reads_rise``)
+        self.shift_capacity_per_slot: dict[str, float] = {}
         #: operator -> steps since a move last grew it (rl's ``grown_keeps_steps``)
         self.steps_since_grown: dict[str, int] = {}
         #: operator -> its capacity per slot (samples/s) as read while its slots were busy at a count held a
@@ -94,6 +102,12 @@ class FeatureState:
             last.append(o.capacity / o.slots)
             del last[:-readings]
             self.busy_capacity_per_slot[o.name] = float(np.median(last))
+
+    def drop_credit(self, name: str) -> None:
+        """Forget ``name``'s shift credit and what was noted with it."""
+        for noted in (self.shift_credit, self.shift_told_slots, self.shift_told_capacity,
+                      self.shift_capacity_per_slot):
+            noted.pop(name, None)
 
     def forget_busy_capacity(self, name: str) -> None:
         """Drop ``name``'s busy readings (its cost per row changed: they describe it before)."""

@@ -721,7 +721,7 @@ class RLPolicy(Policy):
 
     def __init__(self, spec: TunerSpec):
         super().__init__(spec)
-        from dlrm_platform.tuner.features import FeatureState
+        from dlrm_platform.tuner.features import BUSY_UTIL, FeatureState
         from dlrm_platform.tuner.rl import RLPolicyRunner
 
         self.runner = RLPolicyRunner.load(spec.policy_path)
@@ -741,6 +741,7 @@ class RLPolicy(Policy):
                           "rl_grown_keeps_steps": ("grown_keeps_steps", int),
                           "rl_idle_reads_busy_capacity": ("idle_reads_busy_capacity",
                                                           lambda v: None if v is None else float(v)),
+                          "rl_credit_reads_rise": ("credit_reads_rise", bool),
                           "rl_scaling_after_warmup_s": ("scaling_after_warmup_s", float),
                           "rl_waited_on_alpha": ("waited_on_alpha", lambda v: None if v is None else float(v)),
                           "rl_sized_shield_others_util": ("sized_shield_others_util",
@@ -751,6 +752,7 @@ class RLPolicy(Policy):
                 if option in self.opts:
                     setattr(self.runner, attr, kind(self.opts[option]))
         self.fs = FeatureState(spec.names)
+        self.busy_util = BUSY_UTIL  # what a busy reading is where idle_reads_busy_capacity is off
         self.fs.scaling = self._scaling_memory()
         self.last_action = "hold"
         # operators moved by the last action whose new allocation has not been measured yet
@@ -835,8 +837,8 @@ class RLPolicy(Policy):
             self.rates.rescale(name, ratio)
             self.fs.scaling.forget(name)
             self.fs.steps_since_change[name] = 0
-            self.fs.forget_busy_capacity(name)  # read at the cost before
-            self.runner.note_cost_shift(obs, self.fs, name, ratio)
+            self.runner.note_cost_shift(obs, self.fs, name, ratio)  # reads the busy figure from before ...
+            self.fs.forget_busy_capacity(name)  # ... which then goes: read at the cost before
             if self.judge_moves:
                 self.fs.moves.forget()
                 self.unjudged = False
@@ -845,8 +847,9 @@ class RLPolicy(Policy):
         self._note_cost_shifts(obs)
         if self.runner.waited_on_alpha is not None:
             self.fs.note_util(obs, self.runner.waited_on_alpha)  # every tick, held or not
-        if self.runner.idle_reads_busy_capacity is not None:  # every tick, held or not
-            self.fs.note_busy_capacity(obs, self.runner.idle_reads_busy_capacity, self.runner.steady_steps)
+        if self.runner.idle_reads_busy_capacity is not None or self.runner.credit_reads_rise:  # every tick
+            self.fs.note_busy_capacity(obs, self.runner.idle_reads_busy_capacity or self.busy_util,
+                                       self.runner.steady_steps)
         if self.judge_moves and self.fs.scaling.cross_shifts != self.shifts_seen:
             self.shifts_seen = self.fs.scaling.cross_shifts
             self.fs.moves.forget()  # what was delivered before a cost shift judges nothing after it

@@ -133,6 +133,9 @@ class TunerHandle:
             "decisions": sum(1 for t in ticks if t.get("decision")),
             "epochs": max(t["epoch"] for t in ticks),
         })
+        shifts = self.cost_shifts()
+        if shifts:
+            out["cost_shifts"] = len(shifts)
         held = self.held()
         if held:
             out["held"] = len(held)
@@ -153,6 +156,17 @@ class TunerHandle:
                             "bottleneck": ex.get("bottleneck") or t.get("bottleneck"),
                             "expected_gain": ex.get("expected_gain"), "why": ex.get("text")})
         return out
+
+    def cost_shifts(self) -> list[dict]:
+        """Every cost shift told (``tuner/cost_shift.py``): when, the operator, its new / old cost per row, and
+        its slots then (before the tick's own move)."""
+        def before(t: dict, name: str) -> int | None:
+            slots = (t.get("allocation") or {}).get(name)
+            return None if slots is None else slots - (t.get("decision") or {}).get(name, 0)
+
+        return [{"elapsed_s": t.get("elapsed"), "epoch": t.get("epoch"), "operator": name, "ratio": ratio,
+                 "slots": before(t, name)}
+                for t in self.ticks() for name, ratio in (t.get("cost_shifts") or {}).items()]
 
     def held(self) -> list[dict]:
         """Plans the policy held back (plumber's hysteresis): the allocation, its predicted and required gain, why."""
@@ -181,6 +195,12 @@ class TunerHandle:
             change = ", ".join(f"{op} {delta:+d}" for op, delta in d["change"].items())
             lines.append(f"  t={d['elapsed_s'] or 0:.1f}s execution {d['epoch']}: {change} -> {d['allocation']}; "
                          f"{d.get('why') or 'bottleneck ' + str(d.get('bottleneck'))}")
+        shifts = self.cost_shifts()
+        if shifts:
+            lines += ["", f"cost shifts told: {len(shifts)} (an operator's cost per row, by its workers' clocks)"]
+            for c in shifts:
+                lines.append(f"  t={c['elapsed_s'] or 0:.1f}s execution {c['epoch']}: {c['operator']} costs "
+                             f"{c['ratio']:.2f}x per row what it did, at {c['slots']} slots")
         held = self.held()
         if held:
             lines += ["", f"plans held back: {len(held)} (a move must clear the noise of the rates it rests on)"]

@@ -28,7 +28,7 @@ from dlrm_platform.tuner.actions import (
     predicted_bottleneck,
     vetoed_actions,
 )
-from dlrm_platform.tuner.features import FeatureState, featurize
+from dlrm_platform.tuner.features import BUSY_UTIL, FeatureState, featurize
 from dlrm_platform.tuner.observe import Observation, OpObs
 from dlrm_platform.tuner.spec import Allocation, OpSpec
 
@@ -53,6 +53,12 @@ def resolve_policy_path(path: str | Path | None) -> Path:
 
 
 _RUNNERS: dict[str, RLPolicyRunner] = {}
+
+
+def _least(caps: dict[str, float | None]) -> str:
+    """The operator of least capacity in ``caps`` ("": none known)."""
+    known = {n: c for n, c in caps.items() if c is not None}
+    return min(known, key=known.__getitem__) if known else ""
 
 
 class RLPolicyRunner:
@@ -184,7 +190,15 @@ class RLPolicyRunner:
     #: runs 59-60). Only while a credit runs: simulated, read so at every move it cost the noisiest steady
     #: pipelines (wide_skewed at counter noise 0.4: 0.870 of the optimum against 0.896; held out without
     #: warm-up 0.951 against 0.966), where a busy figure as noisy as the idle one biases every donor low
-    idle_reads_busy_capacity: float | None = 0.8
+    idle_reads_busy_capacity: float | None = BUSY_UTIL
+    #: ... and the shifted operator itself counts, for the moves and as the capacity the shift was told at
+    #: (``credit_measures_told_count``), at no more than its slots times the capacity per slot it read busy
+    #: before the shift divided by the rise (policy option ``rl_credit_reads_rise``; False: as read). The
+    #: window a shift is told in rests on the blocks of both costs that finished in it: over the recorded live
+    #: shifts the told operator read up to 5x that figure there (per_task_overhead's hash 19,932 samples/s at
+    #: 7 slots against ~4,800; 26,855 against ~5,400), was not the bottleneck on paper, and, with the told
+    #: figure out of reach, grew one measured slot per ~6.5 s, 7 -> 11 from 76 to 96 s (run 60e, 39 s)
+    credit_reads_rise: bool = True
     #: an operator a move grew gives none of its slots to another operator's move for this many steps (policy
     #: option ``rl_grown_keeps_steps``; 0: off): what a move gave, the next one took back on one window's
     #: reading before the first had been measured (live, wide_skewed's hash: +1, then -1 for feature_cross
@@ -363,9 +377,10 @@ class RLPolicyRunner:
                 fs.climbing = False  # it overshot somewhere: what follows refines
                 return back
             limits = {s.name: lim for s in specs if (lim := fs.scaling.limit(s.name)) is not None}
-        if self.idle_reads_busy_capacity is not None and any(self.credited(obs, fs, n) is not None
-                                                             for n in fs.shift_credit):
-            caps = self._busy_read(obs, caps, fs)
+        if any(self.credited(obs, fs, n) is not None for n in fs.shift_credit):
+            if self.idle_reads_busy_capacity is not None:
+                caps = self._busy_read(obs, caps, fs)
+            caps = self._rise_read(obs, caps, fs)
         for s in specs:  # a move that grew it was measured to deliver less end to end
             if (lim := fs.moves.limit(s.name, obs.t)) is not None:
                 limits[s.name] = min(limits.get(s.name, lim), lim)
@@ -377,7 +392,7 @@ class RLPolicyRunner:
                 limits.pop(name, None)
         # the net sees the plain mask (as in training); the shield only vetoes its choice
         memory_bound = obs.at_memory_limit  # "+1" only from upstream slots (actions.py)
-        min_gain = self.required_gain(obs, fs)
+        min_gain = self.required_gain(obs, fs, caps)
         allowed = self._shield(obs, mask, alloc, moving, budget, caps, limits, fs, min_gain, memory_bound)
         growable = set()  # may take a slot more, whatever the shield's linear model says it gains
         eligible = set()  # may take a slot more where the shield's linear model says it gains
@@ -461,6 +476,18 @@ class RLPolicyRunner:
                 out[o.name] = min(out[o.name], per_slot * o.slots)
         return out
 
+    def _rise_read(self, obs: Observation, caps: dict[str, float | None],
+                   fs: FeatureState) -> dict[str, float | None]:
+        """``caps`` with each operator on a shift's credit at no more than its slots times the capacity per
+        slot its rise implies (``shift_capacity_per_slot``, set where ``credit_reads_rise`` is on)."""
+        out = dict(caps)
+        for o in obs.ops:
+            per_slot = fs.shift_capacity_per_slot.get(o.name)
+            if (out.get(o.name) is not None and per_slot is not None
+                    and self.credited(obs, fs, o.name) is not None):
+                out[o.name] = min(out[o.name], per_slot * o.slots)
+        return out
+
     def _shield(self, obs: Observation, mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                 caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState, min_gain: float,
                 memory_bound: bool) -> np.ndarray:
@@ -513,7 +540,7 @@ class RLPolicyRunner:
         """Why a hold left the bottleneck as it is, for the decision log: at its measured limit, not yet
         measured steady at its slots, or a "+1" whose predicted gain the shield found too small (live, a
         shifted operator held 25 s as the named bottleneck with nothing in the log to say why)."""
-        b = obs.bottleneck()
+        b = _least(caps) or None
         k = next((i for i, s in enumerate(specs[:K_MAX]) if s.name == b), None)
         if b is None or k is None:
             return ""
@@ -569,11 +596,13 @@ class RLPolicyRunner:
         return (not self.grow_measured_often or fs.scaling.step_looks_paid(name, k)
                 or fs.scaling.measured_often(name, k))
 
-    def required_gain(self, obs: Observation, fs: FeatureState) -> float:
+    def required_gain(self, obs: Observation, fs: FeatureState,
+                      caps: dict[str, float | None] | None = None) -> float:
         """The predicted speed-up of the bottleneck a "+1" must clear: ``shield_min_gain``, or
         ``shield_noise_k`` times the bottleneck's measured noise (at most ``shield_max_gain``); only
-        ``shield_min_gain`` for a bottleneck with a shift's credit (``shift_credit_s``)."""
-        b = obs.bottleneck() or ""
+        ``shield_min_gain`` for a bottleneck with a shift's credit (``shift_credit_s``). The bottleneck is
+        the operator of least capacity in ``caps`` (None: as observed)."""
+        b = _least(caps) if caps is not None else (obs.bottleneck() or "")
         if self.credited(obs, fs, b) is not None:
             return self.shield_min_gain
         noise = fs.scaling.noise.get(b, 0.0)
@@ -584,13 +613,17 @@ class RLPolicyRunner:
         counts as a cost shift for, a credit to grow it back to its capacity before, bar the noise."""
         op = next((o for o in obs.ops if o.name == name), None)
         if self.shift_credit_s is None or op is None or ratio <= 1.0:
-            fs.shift_credit.pop(name, None)
-            fs.shift_told_slots.pop(name, None)
-            fs.shift_told_capacity.pop(name, None)
+            fs.drop_credit(name)
             return
         fs.shift_credit[name] = (math.ceil(op.slots * ratio - 1e-9), obs.t + self.shift_credit_s)
         fs.shift_told_slots[name] = op.slots
         fs.shift_told_capacity[name] = op.capacity
+        fs.shift_capacity_per_slot.pop(name, None)
+        before = fs.busy_capacity_per_slot.get(name) if self.credit_reads_rise else None
+        if before is not None:  # read busy at the cost before: the rise scales it
+            fs.shift_capacity_per_slot[name] = before / ratio
+            implied = before / ratio * op.slots
+            fs.shift_told_capacity[name] = implied if op.capacity is None else min(op.capacity, implied)
 
     def credited(self, obs: Observation, fs: FeatureState, name: str) -> int | None:
         """The slots ``name`` may grow to on a shift's credit now (None: none, its time is up, or it has
@@ -618,9 +651,7 @@ class RLPolicyRunner:
     def _expire_credits(self, obs: Observation, fs: FeatureState) -> None:
         """Drop the credits spent (their operator has the slots) or run out, once a tick."""
         for name in [n for n in fs.shift_credit if self.credited(obs, fs, n) is None]:
-            del fs.shift_credit[name]
-            fs.shift_told_slots.pop(name, None)
-            fs.shift_told_capacity.pop(name, None)
+            fs.drop_credit(name)
 
     def _move_back(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                    fs: FeatureState) -> tuple[Allocation, str] | None:
