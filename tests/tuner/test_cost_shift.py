@@ -293,6 +293,55 @@ def test_a_run_begun_at_the_one_count_an_operator_is_known_at_goes_on_at_the_cou
     assert run([1.92, 3.0, 3.0, 3.0]) == []  # not the same new level: no run to go on, nothing at 5 known yet
 
 
+def test_the_first_reading_after_a_move_is_judged_at_the_count_its_blocks_were_begun_at():
+    """Live (runs 60-61), per_task_overhead's hash, known at 6 slots only, was grown to 8 as its cost doubled
+    and before a block at the new cost had finished (8,000 rows, 6 s a block): every reading at 2x came at 8,
+    a count not known yet, and the shift was never told. The first reading after a move is of blocks begun
+    before it, so it is judged at the count before, too, and a second reading at the new level tells the
+    shift. A contended table moved 7 -> 11 first reads near its old cost and then climbs (live: 1.07x, then
+    1.5x, 1.6x, 2.1x, 1.9x): no shift. Where a block finished in the first interval after the move (short
+    blocks), or the first reading comes only after the quiet after the move, its blocks may have begun since:
+    not judged so."""
+
+    def run(after: list[float], known: int, moved: int, gap: int = 1) -> list:
+        det, w, found = CostShiftDetector(), _Worker(), []
+        for t in range(30 + gap + len(after)):
+            blocks = 0 if 30 <= t < 30 + gap else 1  # nothing finished in the seconds after the move
+            cost = 400e-6 * (after[t - 30 - gap] if t >= 30 + gap else 1.0)
+            found += [(t, round(s.ratio, 1)) for s in det.push(
+                RawSnapshot(float(t), {"op": w.advance(blocks, cost)}, 0.0), {"op": known if t < 30 else moved})]
+        assert not det.flat and not det.count_dependent
+        return found
+
+    assert run([2.0, 2.0, 2.0], known=6, moved=8, gap=2) == [(33, 2.0)]
+    assert run([1.07, 1.5, 1.6, 2.1, 1.9, 2.0, 2.0], known=7, moved=11) == []
+    assert run([2.0, 2.0, 2.0], known=6, moved=8, gap=7) == []
+    assert run([2.0, 2.0, 2.0], known=6, moved=8, gap=0) == []
+
+
+def test_one_cost_read_at_several_counts_between_moves_is_known_though_no_count_settled():
+    """Live (run 61c), wide_skewed's hash moved among 6-9 slots every 1-5 s, so no count had settled readings
+    of its own (each move starts a quiet), and it read 1,003-1,020 us per row at all of them: its doubled
+    cost was never judged. Readings that agree within ``flat_spread`` at two counts or more are one known
+    cost: a jump at once, read twice, is its shift. A contended lookup moved as often reads a cost per count
+    (1 + 0.04 n (n - 1)): its readings spread wide, and its jumps with its moves are no shift."""
+    rng = np.random.default_rng(5)
+
+    def run(cost_at, shift: bool = True) -> list:
+        det, w, found = CostShiftDetector(), _Worker(), []
+        for t in range(45):
+            n = [6, 6, 7, 7, 7, 8, 8, 9, 9, 9][t % 10] if t < 40 else 7  # a move every 2-3 s
+            cost = cost_at(n) * float(np.exp(rng.normal(0, 0.004))) * (2.0 if shift and t >= 40 else 1.0)
+            found += [(t, round(s.ratio, 1)) for s in det.push(
+                RawSnapshot(float(t), {"op": w.advance(1, cost)}, 0.0), {"op": n})]
+        assert not det.flat and not det.count_dependent  # no count ever settled
+        return found
+
+    assert run(lambda n: 1008e-6) == [(41, 2.0)]
+    assert run(lambda n: 1008e-6, shift=False) == []
+    assert run(lambda n: 400e-6 * (1 + 0.04 * n * (n - 1)), shift=False) == []
+
+
 @pytest.mark.parametrize("climb_s, told", [(8.0, [(50, 2.0)]), (0.0, [])])
 def test_readings_on_the_climb_after_a_restart_set_no_cost_at_a_count(climb_s, told):
     """Live (run 56), dlrm_preprocessing's truncate_history read 191-279 us per row at 4 slots in the seconds

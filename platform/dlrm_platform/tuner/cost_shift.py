@@ -19,12 +19,14 @@ not a shift, so what is judged depends on what is known of the operator at its s
 
 * measured at one cost at two slot counts or more (flat), at a count with readings of its own: as above;
 * flat, at a count not measured yet (flat where measured is no promise past it), or measured at one count
-  only: a jump far enough to be a shift at once (once, or, measured at one count only, twice in a row);
+  only, or read at one cost across counts between moves too frequent for any count to settle: a jump far
+  enough to be a shift at once (once, or, where not measured flat, twice in a row);
 * costs that differ between counts (count-dependent): never.
 
 A run of readings begun at a count goes on at the count a move took the operator to before the run's next
-reading, judged as it began; and the readings of the first seconds after a new execution's warm-up (the
-pipeline still climbs) set no cost at a count.
+reading, judged as it began; where no block finished in the interval after a move, the first reading since
+(of blocks begun before the move) is judged at the count before, too; and the readings of the first seconds
+after a new execution's warm-up (the pipeline still climbs) set no cost at a count.
 
 Several operators straying the same way in one reading is the machine (a loaded CPU), not their costs, and
 is passed over."""
@@ -84,7 +86,8 @@ class CostShiftDetector:
 
     def __init__(self, tolerance: float = 0.3, confirm: int = 2, noise_k: float = 3.0, window: int = 9,
                  min_readings: int = 5, at_once: float = 2.0, machine_wide: int = 2,
-                 count_tolerance: float = 0.1, quiet_s: float = 5.0, climb_s: float = 8.0):
+                 count_tolerance: float = 0.1, quiet_s: float = 5.0, climb_s: float = 8.0,
+                 flat_spread: float = 0.01):
         #: a reading strays where its cost per row is more than this share above or below the typical one
         self.tolerance = tolerance
         #: readings in a row that must stray the same way (and agree within the tolerance) for a shift
@@ -103,6 +106,8 @@ class CostShiftDetector:
         #: an operator whose typical costs at two slot counts differ by more than this share is never called
         #: shifted (``_note_counts``); within it, it is ``flat``
         self.count_tolerance = count_tolerance
+        #: readings at two counts or more whose spread is at most this are of one cost (``_flat_across_moves``)
+        self.flat_spread = flat_spread
         self.count_dependent: set[str] = set()
         #: operators measured at two slot counts or more at one cost per row: judged at the tolerance. Before
         #: that, a cost that moves at fixed slots may be a contended operator's in-flight calls following its
@@ -120,6 +125,13 @@ class CostShiftDetector:
         self._strayed: dict[str, list[tuple[float, float]]] = {}
         self._prev: RawSnapshot | None = None
         self._slots: dict[str, int | None] = {}
+        #: operator -> its slots before its latest move, until its first reading since: that reading's blocks
+        #: were begun before the move, at that count (``_read``)
+        self._moved_from: dict[str, int | None] = {}
+        #: ... of those, the operators no block of which finished in the first interval after the move
+        self._waited: set[str] = set()
+        #: operator -> the slots of each reading in its level
+        self._level_counts: dict[str, deque[int | None]] = {}
         #: operator -> until when its readings are left out of its costs at a count (after its slots or its
         #: block size changed, blocks begun before still finish, at the old figure)
         self._quiet_until: dict[str, float] = {}
@@ -136,7 +148,10 @@ class CostShiftDetector:
         (a new block size puts a different share of per-task cost on each row)."""
         for name in (set(self._slots) | set(self.levels) if names is None else set(names)):
             self.levels.pop(name, None)
+            self._level_counts.pop(name, None)
             self._strayed.pop(name, None)
+            self._moved_from.pop(name, None)
+            self._waited.discard(name)
             for key in [k for k in self.at_count if k[0] == name]:
                 del self.at_count[key]
             # costs measured across the change (blocks of both sizes in flight) can make a flat operator look
@@ -165,6 +180,7 @@ class CostShiftDetector:
                 # blocks finishing for a while yet ran partly at the old count (live, a sparse hash's blocks
                 # take 3-6 s)
                 self._quiet_until[name] = snap.t + self.quiet_s
+                self._moved_from.setdefault(name, self._slots[name])
             self._slots[name] = k
         if prev is None:
             return []
@@ -180,6 +196,8 @@ class CostShiftDetector:
             d_rows, d_busy = b.rows_out - a.rows_out, b.busy_seconds - a.busy_seconds
             if d_rows > 0 and d_busy > 0:  # else no block finished in between: nothing read
                 readings[name] = math.log(d_busy / d_rows)
+        # no block finished in the interval since its move: the blocks that finish next were begun before it
+        self._waited |= self._moved_from.keys() - readings.keys()
         # every operator with a level backs the machine up, flat or not yet known (live, a hiccup read
         # wide_skewed's read 2.4x, with four others 1.9-5x that were not yet known flat, as a shift; a
         # count-dependent one's wide spread sets its own bar high)
@@ -240,7 +258,21 @@ class CostShiftDetector:
         bar, typical = self._bar(name), level.typical()
         run = self._strayed.get(name, [])
         once = None if bar is None else self.at_once * bar
-        known_here, flat = self._known_here(name), self.is_flat(name)
+        # where no block finished in the interval after a move, the first reading since is of blocks begun
+        # before it: where the count before is known, it is judged as read there, too. Live, per_task_overhead's
+        # hash, known at 6 slots only, was grown to 8 as its cost doubled and before a block at the new cost had
+        # finished (8,000 rows, 6 s a block): every 2x reading came at 8, a count not known yet, and the shift
+        # was never told (runs 59c, 60c, 61b). A contended table's cost climbs over the readings after its move
+        # (the lookup, 7 -> 11 slots: 1.07x, then 1.5x, 1.6x, 2.1x), not in the first
+        known_here = self._known_here(name, self._slots.get(name))
+        if name in self._moved_from:
+            moved_from = self._moved_from.pop(name)
+            waited = name in self._waited
+            self._waited.discard(name)
+            known_here = known_here or (waited and now <= self._quiet_until.get(name, -math.inf)
+                                        and self._known_here(name, moved_from))
+        flat = self.is_flat(name)
+        known_here = known_here or (not flat and self._flat_across_moves(name))
         # measured at its slots now but at one count only: whether its cost moves with its slots is not known,
         # so only a jump far past its noise, read twice, counts (live, wide_skewed's hash sat at 7 slots all
         # run and its doubled cost was never judged; cheap operators' 2-3 s CPU hiccups read 1.8-2.4x once)
@@ -273,6 +305,7 @@ class CostShiftDetector:
             # the new level is the typical cost now; the spread measured before stands until it has readings
             # of its own; what it cost at its slot counts describes it before the shift
             self.levels[name] = _Readings(self.window, new, level.spread(self.min_readings))
+            self._level_counts[name] = deque([self._slots.get(name)] * len(new), maxlen=self.window)
             for key in [k for k in self.at_count if k[0] == name]:
                 del self.at_count[key]
             self.at_count[(name, self._slots.get(name))] = _Readings(self.window, new)
@@ -280,14 +313,25 @@ class CostShiftDetector:
             return shift
         self._strayed.pop(name, None)
         level.recent.append(x)
+        self._level_counts.setdefault(name, deque(maxlen=self.window)).append(self._slots.get(name))
         if now > self._quiet_until.get(name, -math.inf):
             self.at_count.setdefault((name, self._slots.get(name)), _Readings(self.window)).recent.append(x)
             self._note_counts(name)
         return None
 
-    def _known_here(self, name: str) -> bool:
-        """``name`` has ``min_readings`` settled readings at its slots now (or its slots are not given)."""
-        k = self._slots.get(name)
+    def _flat_across_moves(self, name: str) -> bool:
+        """``name``'s latest ``window`` readings, at two slot counts or more, agree within ``flat_spread``:
+        where moves came too often for a count to have settled readings of its own (live, wide_skewed's hash
+        moved among 6-9 slots every 1-5 s and read 1,003-1,020 us per row at all of them: no count was known,
+        and its doubled cost was never judged; run 61c), one cost at several counts is known all the same."""
+        level, counts = self.levels.get(name), self._level_counts.get(name, ())
+        if level is None or len(level.recent) < self.window or len(set(counts)) < 2:
+            return False
+        spread = level.spread(self.min_readings)
+        return spread is not None and spread <= self.flat_spread
+
+    def _known_here(self, name: str, k: int | None) -> bool:
+        """``name`` has ``min_readings`` settled readings at ``k`` slots (or its slots are not given)."""
         here = self.at_count.get((name, k))
         return k is None or (here is not None and len(here.recent) >= self.min_readings)
 
