@@ -278,10 +278,10 @@ def test_a_run_begun_at_the_one_count_an_operator_is_known_at_goes_on_at_the_cou
     known count goes on at the count a move took it to, judged as it began; a single reading at the new
     count, or one at another level, is no shift."""
 
-    def run(costs_after: list[float]) -> list:
+    def run(costs_after: list[float], moved: int = 5) -> list:
         det, w, found = CostShiftDetector(), _Worker(), []
         for t in range(30 + len(costs_after)):
-            n = 3 if t <= 30 else 5  # moved right after the first stray reading
+            n = 3 if t <= 30 else moved  # moved right after the first stray reading
             cost = 175e-6 * (costs_after[t - 30] if t >= 30 else 1.0)
             found += [(t, round(s.ratio, 1)) for s in det.push(
                 RawSnapshot(float(t), {"truncate": w.advance(1, cost)}, 0.0), {"truncate": n})]
@@ -290,7 +290,9 @@ def test_a_run_begun_at_the_one_count_an_operator_is_known_at_goes_on_at_the_cou
     assert run([1.92, 1.89, 1.9, 1.9]) == [(31, 1.9)]
     assert run([1.92, 1.0, 1.0, 1.0]) == []  # back at its cost at 5: one stray reading
     assert run([1.0, 1.92, 1.0, 1.0]) == []  # its first stray at a count not known yet: not far enough at once
-    assert run([1.92, 3.0, 3.0, 3.0]) == []  # not the same new level: no run to go on, nothing at 5 known yet
+    # not the same new level: no run to go on, and nothing known at 6 or within two slots of it
+    assert run([1.92, 3.0, 3.0, 3.0], moved=6) == []
+    assert run([1.92, 3.0, 3.0, 3.0]) == [(32, 3.0)]  # at 5, two slots from 3: a new run, at once twice
 
 
 def test_the_first_reading_after_a_move_is_judged_at_the_count_its_blocks_were_begun_at():
@@ -301,7 +303,8 @@ def test_the_first_reading_after_a_move_is_judged_at_the_count_its_blocks_were_b
     shift. A contended table moved 7 -> 11 first reads near its old cost and then climbs (live: 1.07x, then
     1.5x, 1.6x, 2.1x, 1.9x): no shift. Where a block finished in the first interval after the move (short
     blocks), or the first reading comes only after the quiet after the move, its blocks may have begun since:
-    not judged so."""
+    not judged so. (Moved 6 -> 9 here: within two slots of the count it is known at, a count is judged as
+    that one anyway.)"""
 
     def run(after: list[float], known: int, moved: int, gap: int = 1) -> list:
         det, w, found = CostShiftDetector(), _Worker(), []
@@ -313,10 +316,35 @@ def test_the_first_reading_after_a_move_is_judged_at_the_count_its_blocks_were_b
         assert not det.flat and not det.count_dependent
         return found
 
-    assert run([2.0, 2.0, 2.0], known=6, moved=8, gap=2) == [(33, 2.0)]
+    assert run([2.0, 2.0, 2.0], known=6, moved=9, gap=2) == [(33, 2.0)]
     assert run([1.07, 1.5, 1.6, 2.1, 1.9, 2.0, 2.0], known=7, moved=11) == []
-    assert run([2.0, 2.0, 2.0], known=6, moved=8, gap=7) == []
-    assert run([2.0, 2.0, 2.0], known=6, moved=8, gap=0) == []
+    assert run([2.0, 2.0, 2.0], known=6, moved=9, gap=7) == []
+    assert run([2.0, 2.0, 2.0], known=6, moved=9, gap=0) == []
+
+
+def test_a_count_within_two_slots_of_the_one_count_known_is_judged_as_that_one():
+    """Live (runs 61a, 61d), wide_skewed's hash, known at 8 slots only, was grown to 9 (and to 10) as its cost
+    doubled, with a block finishing in the first second after the move: every 2x reading came at a count not
+    known yet, and the shift was never told. A count a slot or two from the one known is judged as that one:
+    two readings at 2x are the shift. A contended table's cost climbs with its calls in flight, 1.4x two
+    slots past its count (1 + 0.028 n (n - 1), its peak near 6): no shift; nor 2x four slots past it."""
+
+    def run(cost_at, moved: int) -> list:
+        det, w, found = CostShiftDetector(), _Worker(), []
+        for t in range(40):
+            n = 8 if t < 30 else moved
+            cost = cost_at(n, t)
+            found += [(t, round(s.ratio, 1)) for s in det.push(
+                RawSnapshot(float(t), {"op": w.advance(1, cost)}, 0.0), {"op": n})]
+        assert not det.flat and not det.count_dependent  # known at 8 only
+        return found
+
+    assert run(lambda n, t: 1008e-6 * (2.0 if t >= 30 else 1.0), moved=9) == [(31, 2.0)]
+    assert run(lambda n, t: 1008e-6 * (2.0 if t >= 30 else 1.0), moved=10) == [(31, 2.0)]
+    assert run(lambda n, t: 1008e-6 * (2.0 if t >= 30 else 1.0), moved=11) == []  # three slots: not known
+    assert run(lambda n, t: 1008e-6 * (2.0 if t >= 30 else 1.0), moved=7) == [(31, 2.0)]
+    assert run(lambda n, t: 400e-6 * (1 + 0.028 * n * (n - 1)), moved=10) == []  # 1.37x
+    assert run(lambda n, t: 400e-6 * (1 + 0.028 * n * (n - 1)), moved=12) == []  # 2.0x, four slots past
 
 
 def test_one_cost_read_at_several_counts_between_moves_is_known_though_no_count_settled():

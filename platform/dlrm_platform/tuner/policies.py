@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 from dlrm_platform.tuner.actions import can_grow, used_cpus
 from dlrm_platform.tuner.block_size import BlockSizer, Drain, doubled_sizes
+from dlrm_platform.tuner.features import BUSY_UTIL
 from dlrm_platform.tuner.observe import Observation, OccupiedSlotRates
 from dlrm_platform.tuner.plumber import per_slot_samples, solve_lp
 from dlrm_platform.tuner.scaling import ScalingMemory
@@ -721,7 +722,7 @@ class RLPolicy(Policy):
 
     def __init__(self, spec: TunerSpec):
         super().__init__(spec)
-        from dlrm_platform.tuner.features import BUSY_UTIL, FeatureState
+        from dlrm_platform.tuner.features import FeatureState
         from dlrm_platform.tuner.rl import RLPolicyRunner
 
         self.runner = RLPolicyRunner.load(spec.policy_path)
@@ -752,7 +753,6 @@ class RLPolicy(Policy):
                 if option in self.opts:
                     setattr(self.runner, attr, kind(self.opts[option]))
         self.fs = FeatureState(spec.names)
-        self.busy_util = BUSY_UTIL  # what a busy reading is where idle_reads_busy_capacity is off
         self.fs.scaling = self._scaling_memory()
         self.last_action = "hold"
         # operators moved by the last action whose new allocation has not been measured yet
@@ -848,7 +848,7 @@ class RLPolicy(Policy):
         if self.runner.waited_on_alpha is not None:
             self.fs.note_util(obs, self.runner.waited_on_alpha)  # every tick, held or not
         if self.runner.idle_reads_busy_capacity is not None or self.runner.credit_reads_rise:  # every tick
-            self.fs.note_busy_capacity(obs, self.runner.idle_reads_busy_capacity or self.busy_util,
+            self.fs.note_busy_capacity(obs, self.runner.idle_reads_busy_capacity or BUSY_UTIL,
                                        self.runner.steady_steps)
         if self.judge_moves and self.fs.scaling.cross_shifts != self.shifts_seen:
             self.shifts_seen = self.fs.scaling.cross_shifts

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -379,8 +379,12 @@ class RLPolicyRunner:
             limits = {s.name: lim for s in specs if (lim := fs.scaling.limit(s.name)) is not None}
         if any(self.credited(obs, fs, n) is not None for n in fs.shift_credit):
             if self.idle_reads_busy_capacity is not None:
-                caps = self._busy_read(obs, caps, fs)
-            caps = self._rise_read(obs, caps, fs)
+                # read less busy than that, at no more than the capacity per slot it read busy
+                caps = self._capped_per_slot(obs, caps, fs.busy_capacity_per_slot,
+                                             lambda o: o.util < self.idle_reads_busy_capacity)
+            # on its credit, at no more than the capacity per slot its rise implies (``credit_reads_rise``)
+            caps = self._capped_per_slot(obs, caps, fs.shift_capacity_per_slot,
+                                         lambda o: self.credited(obs, fs, o.name) is not None)
         for s in specs:  # a move that grew it was measured to deliver less end to end
             if (lim := fs.moves.limit(s.name, obs.t)) is not None:
                 limits[s.name] = min(limits.get(s.name, lim), lim)
@@ -464,28 +468,16 @@ class RLPolicyRunner:
         fs.note_action(alloc, new)
         return (new if new != alloc else None), what
 
-    def _busy_read(self, obs: Observation, caps: dict[str, float | None],
-                   fs: FeatureState) -> dict[str, float | None]:
-        """``caps`` with each operator read less busy than ``idle_reads_busy_capacity`` at no more than its
-        slots times the capacity per slot it read busy (where it has read busy since its last cost shift);
-        the caller asks only while a shift's credit runs."""
+    @staticmethod
+    def _capped_per_slot(obs: Observation, caps: dict[str, float | None], per_slot: Mapping[str, float],
+                         applies: Callable[[OpObs], bool]) -> dict[str, float | None]:
+        """``caps`` with each operator that ``applies`` and has a figure in ``per_slot`` at no more than its
+        slots times that figure; the caller asks only while a shift's credit runs."""
         out = dict(caps)
         for o in obs.ops:
-            per_slot = fs.busy_capacity_per_slot.get(o.name)
-            if out.get(o.name) is not None and per_slot is not None and o.util < self.idle_reads_busy_capacity:
-                out[o.name] = min(out[o.name], per_slot * o.slots)
-        return out
-
-    def _rise_read(self, obs: Observation, caps: dict[str, float | None],
-                   fs: FeatureState) -> dict[str, float | None]:
-        """``caps`` with each operator on a shift's credit at no more than its slots times the capacity per
-        slot its rise implies (``shift_capacity_per_slot``, set where ``credit_reads_rise`` is on)."""
-        out = dict(caps)
-        for o in obs.ops:
-            per_slot = fs.shift_capacity_per_slot.get(o.name)
-            if (out.get(o.name) is not None and per_slot is not None
-                    and self.credited(obs, fs, o.name) is not None):
-                out[o.name] = min(out[o.name], per_slot * o.slots)
+            cap = per_slot.get(o.name)
+            if out.get(o.name) is not None and cap is not None and applies(o):
+                out[o.name] = min(out[o.name], cap * o.slots)
         return out
 
     def _shield(self, obs: Observation, mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
