@@ -66,8 +66,11 @@ class _Readings:
     (live, two warm-up readings at 559 and 468 us against a hash's 404 us, averaged in, set its 4-slot level
     13% high and marked it count-dependent: its doubled cost was never judged; tuner/README.md, run 54)."""
 
-    def __init__(self, size: int, start: list[float] | None = None, held_spread: float | None = None):
+    def __init__(self, size: int, start: list[float] | None = None, held_spread: float | None = None,
+                 start_counts: list[int | None] | None = None):
         self.recent: deque[float] = deque(start or [], maxlen=size)
+        #: the slots each reading was taken at, where they are kept (an operator's level: readings at any slots)
+        self.counts: deque[int | None] = deque(start_counts or [], maxlen=size)
         #: the spread measured before a shift, until the new level has readings enough of its own
         self.held_spread = held_spread
 
@@ -134,8 +137,6 @@ class CostShiftDetector:
         self._moved_from: dict[str, int | None] = {}
         #: ... of those, the operators no block of which finished in the first interval after the move
         self._waited: set[str] = set()
-        #: operator -> the slots of each reading in its level
-        self._level_counts: dict[str, deque[int | None]] = {}
         #: operator -> until when its readings are left out of its costs at a count (after its slots or its
         #: block size changed, blocks begun before still finish, at the old figure)
         self._quiet_until: dict[str, float] = {}
@@ -152,7 +153,6 @@ class CostShiftDetector:
         (a new block size puts a different share of per-task cost on each row)."""
         for name in (set(self._slots) | set(self.levels) if names is None else set(names)):
             self.levels.pop(name, None)
-            self._level_counts.pop(name, None)
             self._strayed.pop(name, None)
             self._moved_from.pop(name, None)
             self._waited.discard(name)
@@ -281,8 +281,8 @@ class CostShiftDetector:
         # per row climbs 1.3-1.5x a slot or two past a count it was read at, not 2x at once (over the recorded
         # live runs, such readings came to at most 1.58x). Live, wide_skewed's hash, known at 8 slots only,
         # was grown to 9 (61d) and to 10 (61a) as its cost doubled: every 2x reading came at a count not
-        # known yet, and the shift was never told
-        # (against its cost there: its level may hold readings at counts farther off)
+        # known yet, and the shift was never told. Judged against its cost there: its level may hold readings
+        # at counts farther off
         if not known_here and not flat and name not in self.count_dependent:
             near = self._near_known(name)
             if near is not None:
@@ -318,8 +318,8 @@ class CostShiftDetector:
             shift = CostShift(name, math.exp(sum(new) / len(new) - typical), run[0][1])
             # the new level is the typical cost now; the spread measured before stands until it has readings
             # of its own; what it cost at its slot counts describes it before the shift
-            self.levels[name] = _Readings(self.window, new, level.spread(self.min_readings))
-            self._level_counts[name] = deque([self._slots.get(name)] * len(new), maxlen=self.window)
+            self.levels[name] = _Readings(self.window, new, level.spread(self.min_readings),
+                                          [self._slots.get(name)] * len(new))
             for key in [k for k in self.at_count if k[0] == name]:
                 del self.at_count[key]
             self.at_count[(name, self._slots.get(name))] = _Readings(self.window, new)
@@ -327,7 +327,7 @@ class CostShiftDetector:
             return shift
         self._strayed.pop(name, None)
         level.recent.append(x)
-        self._level_counts.setdefault(name, deque(maxlen=self.window)).append(self._slots.get(name))
+        level.counts.append(self._slots.get(name))
         if now > self._quiet_until.get(name, -math.inf):
             self.at_count.setdefault((name, self._slots.get(name)), _Readings(self.window)).recent.append(x)
             self._note_counts(name)
@@ -338,8 +338,8 @@ class CostShiftDetector:
         where moves came too often for a count to have settled readings of its own (live, wide_skewed's hash
         moved among 6-9 slots every 1-5 s and read 1,003-1,020 us per row at all of them: no count was known,
         and its doubled cost was never judged; run 61c), one cost at several counts is known all the same."""
-        level, counts = self.levels.get(name), self._level_counts.get(name, ())
-        if level is None or len(level.recent) < self.window or len(set(counts)) < 2:
+        level = self.levels.get(name)
+        if level is None or len(level.recent) < self.window or len(set(level.counts)) < 2:
             return False
         spread = level.spread(self.min_readings)
         return spread is not None and spread <= self.flat_spread
