@@ -114,6 +114,31 @@ def test_shield_vetoes_moves_the_measured_rates_call_harmful_or_useless():
     assert not vetoed_actions(mask, alloc, specs, 6.0, none).any()
 
 
+def test_a_donor_past_its_measured_limit_gives_slots_down_to_it_at_no_cost():
+    """Live, storage_saturated's read at 5 slots past its limit of 4 read ~9,900 samples/s at both counts; on
+    the linear model its fifth slot was a fifth of its capacity, so "+1 hash" (the bottleneck at 8,900, its
+    only donor the read) predicted a loss and the shield held the hash for 12 s. Past its limit the read runs
+    no faster than at the limit: the slot costs nothing and the move gains 12%."""
+    from dlrm_platform.tuner.actions import grow_while_it_pays, predicted_bottleneck, scaled_capacity, vetoed_actions
+
+    assert scaled_capacity(10_000.0, 5, 4) == 8_000.0  # linear
+    assert scaled_capacity(10_000.0, 5, 4, limit=4) == 10_000.0  # flat past the limit
+    assert scaled_capacity(10_000.0, 5, 2, limit=4) == 5_000.0  # linear below it
+    assert scaled_capacity(10_000.0, 4, 5, limit=4) == 12_500.0  # at or below its limit: linear as before
+    specs = [OpSpec("read", 1.0), OpSpec("hash", 1.0)]
+    alloc = {"read": 5, "hash": 4}
+    caps = {"read": 10_000.0, "hash": 8_900.0}
+    mask = action_mask(alloc, specs, 9.0, capacities=caps)
+    plus_hash = 2
+    assert vetoed_actions(mask, alloc, specs, 9.0, caps, min_gain=0.05)[plus_hash]
+    limits = {"read": 4}
+    assert not vetoed_actions(mask, alloc, specs, 9.0, caps, min_gain=0.05, limits=limits)[plus_hash]
+    after = {"read": 4, "hash": 5}
+    assert predicted_bottleneck(alloc, caps, after, limits) == pytest.approx(10_000.0)
+    # the move stops where the read, at its limit, binds: a second slot would cost the read a quarter
+    assert grow_while_it_pays(plus_hash, alloc, specs, 9.0, caps, max_slots=4, limits=limits) == after
+
+
 def test_two_operators_tied_at_the_bottleneck_grow_together():
     """a and b both at 800 samples/s: a slot more for either leaves the other binding, so the shield vetoes
     each "+1"; one more for each (from c, which has slack) raises the bottleneck to 900."""

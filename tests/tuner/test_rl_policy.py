@@ -344,7 +344,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_noisy_max_repeat": 2, "rl_noisy_growth_noise": 0.2, "rl_delivered_max_age": 30,
             "rl_slope_sized_growth": True, "rl_one_slot_after_release": True, "rl_chain_slots": 3,
             "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3, "rl_idle_reads_busy_capacity": None,
-            "rl_credit_reads_rise": False}
+            "rl_credit_reads_rise": False, "rl_flat_past_limit": None, "rl_busy_max_age_s": None}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -353,6 +353,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.fs.scaling.delivered_max_age == 30 and with_options.runner.slope_sized_growth
     assert with_options.runner.one_slot_after_release and not plain.runner.one_slot_after_release
     assert with_options.runner.chain_slots == 3 and plain.runner.chain_slots == RLPolicyRunner.chain_slots
+    assert with_options.runner.flat_past_limit is None and plain.runner.flat_past_limit == 0.10
+    assert with_options.runner.busy_max_age_s is None and plain.runner.busy_max_age_s == 30.0
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -735,6 +737,41 @@ def test_the_busy_capacity_per_slot_is_noted_only_from_busy_readings_at_a_count_
     assert fs.busy_capacity_per_slot["a"] == 950.0
     fs.forget_busy_capacity("a")
     assert "a" not in fs.busy_capacity_per_slot and "a" not in fs.busy_readings
+
+
+def test_a_busy_reading_counts_for_max_age_s_and_not_on_the_climb_after_the_warm_up():
+    """Live, wide_skewed's pack was busy only on the ramp after the warm-up (900-2,100 samples/s a slot at
+    21-23 s, 4,700 at 34 s); the median of those, kept 40 s, read it at a fifth of what it measured when a
+    cost shift's credit capped the idle operators by their busy figures. A reading counts ``max_age_s``;
+    and rl takes none within ``scaling_after_warmup_s`` of the warm-up, as its scaling memory takes none."""
+    from dlrm_platform.tuner.policies import RLPolicy
+
+    alloc = {"a": 2}
+    fs = FeatureState(["a"])
+
+    def note(t: float, cap: float, util: float = 1.0) -> None:
+        fs.note_busy_capacity(replace(_obs({"a": cap}, alloc, cap, util={"a": util}), t=t), 0.8, 3, max_age_s=30.0)
+
+    note(21.0, 1800.0)
+    note(22.0, 2800.0)
+    note(34.0, 9400.0)
+    assert fs.busy_capacity_per_slot["a"] == 1400.0  # median of 900 / 1,400 / 4,700 a slot
+    note(60.0, 27000.0, util=0.3)  # idle: no reading, but the ramp's are older than 30 s
+    assert fs.busy_capacity_per_slot["a"] == 4700.0
+    note(65.0, 27000.0, util=0.3)
+    assert "a" not in fs.busy_capacity_per_slot  # none left: the operator reads as measured
+
+    specs = [OpSpec("a", 1.0, initial=2), OpSpec("b", 1.0, initial=2)]
+    policy = RLPolicy(TunerSpec("rl-busy", "rl", 8.0, specs))
+    both = {"a": 2, "b": 2}
+    policy.fs.warming_up_t = 12.0
+    policy.fs.steps_since_change.update({"a": 5, "b": 5})
+    ramp = _obs({"a": 1800.0, "b": 9000.0}, both, 1800.0, util={"a": 1.0, "b": 0.3})
+    policy.decide(replace(ramp, t=12.0 + policy.runner.scaling_after_warmup_s - 1.0), dict(both), specs, 8.0)
+    assert "a" not in policy.fs.busy_capacity_per_slot
+    policy.fs.steps_since_change.update({"a": 5, "b": 5})
+    policy.decide(replace(ramp, t=12.0 + policy.runner.scaling_after_warmup_s + 1.0), dict(both), specs, 8.0)
+    assert policy.fs.busy_capacity_per_slot == {"a": 900.0}
 
 
 def test_with_grown_keeps_steps_an_operator_just_grown_gives_no_slot_to_the_next_move():

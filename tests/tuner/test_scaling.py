@@ -776,6 +776,30 @@ def test_with_return_past_limit_an_operator_past_its_limit_measured_slower_goes_
     assert RLPolicyRunner._past_limit({"a": 8}, specs, stale, 0.2) is None
 
 
+def test_an_operator_past_its_limit_is_no_faster_there_only_where_its_counters_and_the_pipeline_agree():
+    """``no_faster_past`` (the shield's ``flat_past_limit``): at 5 slots past a limit of 4, measured often,
+    its capacity within the margin of the limit's, and the pipeline delivering no more at 5. Simulated, a
+    linear operator's limit from counter noise (8 -> 9 did not pay on its counters while the pipeline
+    delivered more at 9) read flat gave its slots away."""
+    def memory(cap_at_5: float, delivered_at_5: float, times: int = 3) -> ScalingMemory:
+        mem = ScalingMemory(["read"])
+        for _ in range(3):
+            mem.record({"read": 4}, {"read": 9_870.0}, delivered=11_000.0)
+        for _ in range(times):
+            mem.record({"read": 5}, {"read": cap_at_5}, delivered=delivered_at_5)
+        return mem
+
+    assert memory(9_920.0, 8_800.0).limit("read") == 4
+    assert memory(9_920.0, 8_800.0).no_faster_past("read", 5, 4, 0.10)
+    assert not memory(9_920.0, 11_500.0).no_faster_past("read", 5, 4, 0.10)  # the pipeline delivered more
+    assert not memory(11_000.0, 8_800.0).no_faster_past("read", 5, 4, 0.10)  # its counters read 11% more
+    assert not memory(9_920.0, 8_800.0, times=1).no_faster_past("read", 5, 4, 0.10)  # measured once at 5
+    no_delivered = ScalingMemory(["read"])
+    _measure(no_delivered, "read", 4, 9_870.0)
+    _measure(no_delivered, "read", 5, 9_920.0)
+    assert not no_delivered.no_faster_past("read", 5, 4, 0.10)
+
+
 def test_a_count_measured_at_less_than_half_a_smaller_ones_is_a_cost_shift_not_a_curve():
     """``cross_count_shift``: 1 slot measured 650 samples/s steady; then 2 slots 190 (the operator's cost rose
     8x between). No lock or channel limit halves what a slot more delivers: the old point is forgotten (with

@@ -50,11 +50,21 @@ def is_feasible(alloc: Mapping[str, int], specs: Sequence[OpSpec], budget: float
     return used_cpus(alloc, specs) <= budget + EPS
 
 
-def _slack_key(name: str, alloc: Mapping[str, int], capacities: Mapping[str, float | None] | None):
+def scaled_capacity(capacity: float, slots: int, after: int, limit: int | None = None) -> float:
+    """``capacity``, measured at ``slots``, at ``after`` slots: linear in slots, except that an operator
+    past its measured ``limit`` (more slots there were measured not to pay) runs no faster than at the
+    limit, so its slots down to the limit cost nothing."""
+    if limit is not None and 0 < limit < slots:
+        return capacity * min(after, limit) / limit
+    return capacity * after / slots
+
+
+def _slack_key(name: str, alloc: Mapping[str, int], capacities: Mapping[str, float | None] | None,
+               limits: Mapping[str, int] | None = None):
     """Higher = a better donor: the capacity it keeps after giving up one slot."""
     cap = (capacities or {}).get(name)
     n = alloc[name]
-    left = cap * (n - 1) / n if cap is not None and n > 0 else math.inf
+    left = scaled_capacity(cap, n, n - 1, (limits or {}).get(name)) if cap is not None and n > 0 else math.inf
     return (left, n)
 
 
@@ -73,15 +83,17 @@ def pick_donor(
     exclude: str | None,
     capacities: Mapping[str, float | None] | None = None,
     upstream_only: bool = False,
+    limits: Mapping[str, int] | None = None,
 ) -> str | None:
     """The operator above its minimum that keeps the most capacity after giving up a slot
-    (unknown capacity counts as the most); ``upstream_only``: among those before ``exclude``."""
+    (unknown capacity counts as the most; ``limits``: see ``scaled_capacity``); ``upstream_only``:
+    among those before ``exclude``."""
     names = [s.name for s in specs]
     end = names.index(exclude) if upstream_only and exclude in names else len(specs)
     cands = [s.name for s in specs[:end] if s.name != exclude and alloc[s.name] > s.min_slots]
     if not cands:
         return None
-    return max(cands, key=lambda n: _slack_key(n, alloc, capacities))
+    return max(cands, key=lambda n: _slack_key(n, alloc, capacities, limits))
 
 
 def project(
@@ -108,6 +120,7 @@ def _grown(
     budget: float,
     capacities: Mapping[str, float | None] | None,
     memory_bound: bool,
+    limits: Mapping[str, int] | None = None,
 ) -> Allocation | None:
     """``alloc`` with one more slot for ``name`` (None when it cannot grow): a free slot, else
     donors' slots; at the memory limit only upstream donors' slots, never a free one."""
@@ -118,7 +131,7 @@ def _grown(
     trial[name] += 1
     limit = used_cpus(alloc, specs) if memory_bound else budget
     while used_cpus(trial, specs) > limit + EPS:
-        donor = pick_donor(trial, specs, name, capacities, upstream_only=memory_bound)
+        donor = pick_donor(trial, specs, name, capacities, upstream_only=memory_bound, limits=limits)
         if donor is None:
             return None
         trial[donor] -= 1
@@ -160,10 +173,12 @@ def action_mask(
 
 
 def predicted_bottleneck(alloc: Mapping[str, int], capacities: Mapping[str, float | None],
-                         after: Mapping[str, int]) -> float:
+                         after: Mapping[str, int], limits: Mapping[str, int] | None = None) -> float:
     """The slowest operator's capacity at ``after``, scaling each measured capacity linearly
-    with its slots (operators without a measurement do not bound it)."""
-    caps = [c * after[n] / alloc[n] for n, c in capacities.items()
+    with its slots, flat past a measured limit in ``limits`` (``scaled_capacity``; operators without
+    a measurement do not bound it)."""
+    limits = limits or {}
+    caps = [scaled_capacity(c, alloc[n], after[n], limits.get(n)) for n, c in capacities.items()
             if c is not None and n in alloc and alloc[n] > 0]
     return min(caps, default=math.inf)
 
@@ -176,21 +191,24 @@ def vetoed_actions(
     capacities: Mapping[str, float | None],
     min_gain: float = 0.02,
     memory_bound: bool = False,
+    limits: Mapping[str, int] | None = None,
 ) -> np.ndarray:
-    """A shield for a learned policy, from the measured per-slot rates (linear in slots):
+    """A shield for a learned policy, from the measured per-slot rates (linear in slots, flat past a
+    measured limit in ``limits``):
     the allowed actions that would lower the slowest operator's capacity, and the moves of
     a slot (``+1`` for one operator) that would not raise it by at least ``min_gain``.
     Without it a policy trained on clean counters reads measurement noise at a balanced
     allocation as a reason to move, and wanders off it."""
     bad = np.zeros_like(mask)
-    now = predicted_bottleneck(alloc, capacities, alloc)
+    now = predicted_bottleneck(alloc, capacities, alloc, limits)
     if not math.isfinite(now):
         return bad
     for a in np.flatnonzero(mask):
         if a == 0:
             continue
         after = predicted_bottleneck(alloc, capacities,
-                                     apply_action(int(a), alloc, specs, budget, capacities, memory_bound))
+                                     apply_action(int(a), alloc, specs, budget, capacities, memory_bound, limits),
+                                     limits)
         need = now * (1.0 + min_gain) if a <= K_MAX else now * (1.0 - EPS)
         if after < need:
             bad[a] = True
@@ -213,6 +231,7 @@ def apply_action(
     budget: float,
     capacities: Mapping[str, float | None] | None = None,
     memory_bound: bool = False,
+    limits: Mapping[str, int] | None = None,
 ) -> Allocation:
     """The allocation after action ``a``; an invalid action holds."""
     out = dict(alloc)
@@ -220,7 +239,7 @@ def apply_action(
         return out
     if a <= K_MAX:
         k = a - 1
-        grown = _grown(specs[k].name, out, specs, budget, capacities, memory_bound) if k < len(specs) else None
+        grown = _grown(specs[k].name, out, specs, budget, capacities, memory_bound, limits) if k < len(specs) else None
         return grown if grown is not None else out
     k = a - 1 - K_MAX
     if k >= len(specs) or out[specs[k].name] <= specs[k].min_slots:
@@ -257,9 +276,11 @@ def fill_budget(
 
 
 def _scaled(capacities: Mapping[str, float | None], alloc: Mapping[str, int],
-            after: Mapping[str, int]) -> dict[str, float | None]:
-    """Each measured capacity at ``after``'s slots, linear in slots from ``alloc``'s."""
-    return {n: (c * after[n] / alloc[n] if c is not None and alloc.get(n) else c) for n, c in capacities.items()}
+            after: Mapping[str, int], limits: Mapping[str, int] | None = None) -> dict[str, float | None]:
+    """Each measured capacity at ``after``'s slots, linear in slots from ``alloc``'s (``scaled_capacity``)."""
+    limits = limits or {}
+    return {n: (scaled_capacity(c, alloc[n], after[n], limits.get(n)) if c is not None and alloc.get(n) else c)
+            for n, c in capacities.items()}
 
 
 def grow_tied_pair(
@@ -271,6 +292,7 @@ def grow_tied_pair(
     *,
     min_gain: float = 0.02,
     memory_bound: bool = False,
+    limits: Mapping[str, int] | None = None,
 ) -> tuple[Allocation, str, str] | None:
     """``(allocation, first, second)``: one more slot for each of the two slowest operators where their
     capacities tie (the second within ``min_gain`` of the first), so that no single "+1" passes the
@@ -284,11 +306,11 @@ def grow_tied_pair(
     (now, first), (c2, second) = known[0], known[1]
     if c2 > now * (1.0 + min_gain) or not {first, second} <= growable:
         return None
-    one = _grown(first, alloc, specs, budget, capacities, memory_bound)
+    one = _grown(first, alloc, specs, budget, capacities, memory_bound, limits)
     if one is None:
         return None
-    both = _grown(second, one, specs, budget, _scaled(capacities, alloc, one), memory_bound)
-    if both is None or predicted_bottleneck(alloc, capacities, both) < now * (1.0 + min_gain):
+    both = _grown(second, one, specs, budget, _scaled(capacities, alloc, one, limits), memory_bound, limits)
+    if both is None or predicted_bottleneck(alloc, capacities, both, limits) < now * (1.0 + min_gain):
         return None
     return both, first, second
 
@@ -303,6 +325,7 @@ def grow_while_it_pays(
     max_slots: int,
     min_gain: float = 0.02,
     memory_bound: bool = False,
+    limits: Mapping[str, int] | None = None,
 ) -> Allocation:
     """The allocation after a "+1" move ``a`` that goes as far as the measured rates say it pays.
 
@@ -313,18 +336,18 @@ def grow_while_it_pays(
     waits for evidence after each move). The next measurement corrects what the linear model
     over-predicted (saturating I/O). Any other action: ``apply_action``.
     """
-    new = apply_action(a, alloc, specs, budget, capacities, memory_bound)
+    new = apply_action(a, alloc, specs, budget, capacities, memory_bound, limits)
     if not 1 <= a <= K_MAX or new == alloc:
         return new
     name = specs[a - 1].name
     most = min(alloc[name] + max_slots, 2 * alloc[name])
     while new[name] < most:
         # capacities at ``new`` (donor choice); the gain is the shield's test (vetoed_actions)
-        trial = _grown(name, new, specs, budget, _scaled(capacities, alloc, new), memory_bound)
+        trial = _grown(name, new, specs, budget, _scaled(capacities, alloc, new, limits), memory_bound, limits)
         if trial is None:
             break
-        now = predicted_bottleneck(alloc, capacities, new)
-        if math.isfinite(now) and predicted_bottleneck(alloc, capacities, trial) < now * (1.0 + min_gain):
+        now = predicted_bottleneck(alloc, capacities, new, limits)
+        if math.isfinite(now) and predicted_bottleneck(alloc, capacities, trial, limits) < now * (1.0 + min_gain):
             break
         new = trial
     return new
@@ -341,6 +364,7 @@ def grow_next_bottlenecks(
     max_slots: int,
     min_gain: float = 0.02,
     memory_bound: bool = False,
+    limits: Mapping[str, int] | None = None,
 ) -> tuple[Allocation, list[str]]:
     """``grown`` (a "+1" move's allocation from ``alloc``) carried on to the operators that bound the
     pipeline after it. One slot at a time goes to whichever operator the measured rates (linear in slots
@@ -357,19 +381,19 @@ def grow_next_bottlenecks(
     new = dict(grown)
     chain: list[str] = []
     best, best_chain = dict(grown), []
-    best_rate = predicted_bottleneck(alloc, capacities, grown)
+    best_rate = predicted_bottleneck(alloc, capacities, grown, limits)
     while len(chain) < max_slots and math.isfinite(best_rate):
-        scaled = _scaled(capacities, alloc, new)
+        scaled = _scaled(capacities, alloc, new, limits)
         known = [(c, n) for n, c in scaled.items() if c is not None and new.get(n, 0) > 0]
         if not known:
             break
         now, slowest = min(known)
         if new[slowest] >= most.get(slowest, 0):
             break
-        trial = _grown(slowest, new, specs, budget, scaled, memory_bound)
+        trial = _grown(slowest, new, specs, budget, scaled, memory_bound, limits)
         if trial is None:
             break
-        after = predicted_bottleneck(alloc, capacities, trial)
+        after = predicted_bottleneck(alloc, capacities, trial, limits)
         if after < now * (1.0 - EPS):
             break  # a donor would bind: the slot costs more than it gives
         new = trial

@@ -81,7 +81,7 @@ class FeatureState:
         #: operator -> its capacity per slot (samples/s) as read while its slots were busy at a count held a
         #: few steps: the median of its last readings (``note_busy_capacity``; rl's ``idle_reads_busy_capacity``)
         self.busy_capacity_per_slot: dict[str, float] = {}
-        self.busy_readings: dict[str, list[float]] = {}
+        self.busy_readings: dict[str, list[tuple[float, float]]] = {}  # operator -> [(t, capacity per slot)]
 
     def note_util(self, obs: Observation, alpha: float) -> None:
         """Smooth each operator's busy share of its slots by ``alpha`` per tick (rl's ``waited_on_alpha``)."""
@@ -89,19 +89,27 @@ class FeatureState:
             old = self.util.get(o.name)
             self.util[o.name] = o.util if old is None else (1.0 - alpha) * old + alpha * o.util
 
-    def note_busy_capacity(self, obs: Observation, min_util: float, min_steps: int, readings: int = 5) -> None:
+    def note_busy_capacity(self, obs: Observation, min_util: float, min_steps: int, readings: int = 5,
+                           max_age_s: float | None = None) -> None:
         """Each operator's capacity per slot as the median of its last ``readings`` readings taken with its
         slots at least ``min_util`` busy and unchanged for ``min_steps`` steps (rl's ``idle_reads_busy_capacity``):
         a busy window reads high now and then too (live, per_task_overhead's parse 56,379 samples/s at 6
-        slots, 100% busy, between readings of 16,000), and a mean would carry it for ticks."""
+        slots, 100% busy, between readings of 16,000), and a mean would carry it for ticks. A reading counts
+        ``max_age_s`` seconds (None: until five newer ones replace it); an operator with none left has no figure."""
         for o in obs.ops:
             if (o.completed or not o.measured or o.capacity is None or o.slots <= 0 or o.util < min_util
                     or self.steps_since_change.get(o.name, 0) < min_steps):
                 continue
             last = self.busy_readings.setdefault(o.name, [])
-            last.append(o.capacity / o.slots)
+            last.append((obs.t, o.capacity / o.slots))
             del last[:-readings]
-            self.busy_capacity_per_slot[o.name] = float(np.median(last))
+        for name, last in self.busy_readings.items():
+            if max_age_s is not None:
+                last[:] = [(t, v) for t, v in last if obs.t - t <= max_age_s]
+            if last:
+                self.busy_capacity_per_slot[name] = float(np.median([v for _, v in last]))
+            else:
+                self.busy_capacity_per_slot.pop(name, None)
 
     def drop_credit(self, name: str) -> None:
         """Forget ``name``'s shift credit and what was noted with it."""

@@ -729,6 +729,8 @@ class RLPolicy(Policy):
         self.measure_after_delivery_s = float(self.opts.get("rl_measure_after_delivery_s",
                                                             self.runner.measure_after_delivery_s))
         runner_options = {"rl_return_past_limit": ("return_past_limit", bool),
+                          "rl_flat_past_limit": ("flat_past_limit", lambda v: None if v is None else float(v)),
+                          "rl_busy_max_age_s": ("busy_max_age_s", lambda v: None if v is None else float(v)),
                           "rl_noisy_max_repeat": ("noisy_max_repeat", lambda v: None if v is None else int(v)),
                           "rl_noisy_growth_noise": ("noisy_growth_noise", float),
                           "rl_slope_sized_growth": ("slope_sized_growth", bool),
@@ -847,9 +849,13 @@ class RLPolicy(Policy):
         self._note_cost_shifts(obs)
         if self.runner.waited_on_alpha is not None:
             self.fs.note_util(obs, self.runner.waited_on_alpha)  # every tick, held or not
-        if self.runner.idle_reads_busy_capacity is not None or self.runner.credit_reads_rise:  # every tick
+        # busy readings count from where the scaling memory's do (``scaling_after_warmup_s``): on the ramp
+        # after a warm-up, workers still warming read 30-90% under their later busy figures (live runs 62-63)
+        climbing = (self.fs.warming_up_t is not None
+                    and obs.t - self.fs.warming_up_t < self.runner.scaling_after_warmup_s)
+        if (self.runner.idle_reads_busy_capacity is not None or self.runner.credit_reads_rise) and not climbing:
             self.fs.note_busy_capacity(obs, self.runner.idle_reads_busy_capacity or BUSY_UTIL,
-                                       self.runner.steady_steps)
+                                       self.runner.steady_steps, max_age_s=self.runner.busy_max_age_s)
         if self.judge_moves and self.fs.scaling.cross_shifts != self.shifts_seen:
             self.shifts_seen = self.fs.scaling.cross_shifts
             self.fs.moves.forget()  # what was delivered before a cost shift judges nothing after it

@@ -117,6 +117,17 @@ class RLPolicyRunner:
     #: an operator past its measured limit, measured no faster there than at the limit, goes back to it
     #: (``_past_limit``)
     return_past_limit: bool = False
+    #: the shield's linear model reads an operator past its measured limit as no faster there than at the
+    #: limit, its slots down to the limit a donor's at no cost (``actions.scaled_capacity``), where its count
+    #: now is measured often, reads at most this much more capacity than the limit's, and the pipeline delivered
+    #: no more there (``ScalingMemory.no_faster_past``; policy option ``rl_flat_past_limit``; None: each of its
+    #: slots is worth its share of what it reads). Live, storage_saturated's read at 5 slots past a limit of 4
+    #: (~9,900 samples/s at both, the pipeline delivering ~8,800 at 5 against ~11,000 at 4) was, on paper, a
+    #: donor losing a fifth of its capacity: "+1 sparse_hash predicts -10%" held the hash as the bottleneck from
+    #: 92 to 104 s of a cost shift's recovery (tuner/README.md, run 62b). Simulated (3 seeds): unchanged; read
+    #: flat on a limit alone, linear operators' limits from noise gave their slots away (wide_skewed at counter
+    #: noise 0.2: 0.965 of the optimum against 0.983; 0.975 with capacity within 2% and measured often)
+    flat_past_limit: float | None = 0.10
     #: an operator whose measured capacity is noisier than ``noisy_growth_noise`` (``ScalingMemory.noise``)
     #: grows by at most this many slots per move (None: ``max_repeat``, as any other). Live, the contended
     #: lookup (counters swinging 4-8x) went 4 -> 8 slots in one move before any limit could be measured
@@ -191,6 +202,13 @@ class RLPolicyRunner:
     #: pipelines (wide_skewed at counter noise 0.4: 0.870 of the optimum against 0.896; held out without
     #: warm-up 0.951 against 0.966), where a busy figure as noisy as the idle one biases every donor low
     idle_reads_busy_capacity: float | None = BUSY_UTIL
+    #: ... a busy reading counting this many seconds (policy option ``rl_busy_max_age_s``; None: the last five
+    #: however old). Live, wide_skewed's pack, busy only on the ramp after the warm-up (900-2,100 samples/s a
+    #: slot at 21-23 s, 4,700 at 34 s, 60% busy after), kept a median of 1,378 a slot for 40 s: on the shift's
+    #: credit at 64 s it read 2,756 at 2 slots against 13,473 measured, the bottleneck on paper, and "+1 pack"
+    #: twice took slots the pipeline needed (tuner/README.md, run 63a). Simulated: unchanged (shift recovery
+    #: 2.54 s mean against 2.42, 27 s max both)
+    busy_max_age_s: float | None = 30.0
     #: ... and the shifted operator itself counts, for the moves and as the capacity the shift was told at
     #: (``credit_measures_told_count``), at no more than its slots times the capacity per slot it read busy
     #: before the shift divided by the rise (policy option ``rl_credit_reads_rise``; False: as read). The
@@ -432,7 +450,8 @@ class RLPolicyRunner:
             # Two operators tie at the bottleneck: a slot more for either leaves the other binding, so
             # the shield vetoes both and the net can only hold (a 7-operator pipeline held 52 s at 0.8 of
             # its optimum with two operators at 800 samples/s each); a slot more for each pays.
-            pair = grow_tied_pair(alloc, moving, budget, caps, growable, min_gain=min_gain, memory_bound=memory_bound)
+            pair = grow_tied_pair(alloc, moving, budget, caps, growable, min_gain=min_gain, memory_bound=memory_bound,
+                                  limits=self._model_limits(limits, alloc, fs))
             if pair is not None:
                 new, first, second = pair
                 self.stats["tied_pairs"] += 1
@@ -449,7 +468,8 @@ class RLPolicyRunner:
                 # as many as the measured rise asks, each paying on the linear model
                 most = max(most, min(self._within_limit(name, alloc, limits), target - alloc[name]))
         new = grow_while_it_pays(a, alloc, moving, budget, caps, max_slots=most,
-                                 min_gain=self.shield_min_gain, memory_bound=memory_bound)
+                                 min_gain=self.shield_min_gain, memory_bound=memory_bound,
+                                 limits=self._model_limits(limits, alloc, fs))
         what = describe_action(a, [s.name for s in specs])
         if new == alloc:
             fs.climbing = False  # it held with every operator measured: what follows refines, one operator a move
@@ -459,7 +479,8 @@ class RLPolicyRunner:
             cap = {n: min(alloc[n] + self._most_slots(n, alloc, limits, fs), 2 * alloc[n]) for n in eligible}
             cap[name] = min(cap.get(name, new[name]), alloc[name] + most)  # the net's pick: as sized above
             new, chain = grow_next_bottlenecks(alloc, new, moving, budget, caps, cap, max_slots=self.chain_slots,
-                                               min_gain=self.shield_min_gain, memory_bound=memory_bound)
+                                               min_gain=self.shield_min_gain, memory_bound=memory_bound,
+                                               limits=self._model_limits(limits, alloc, fs))
             if chain:
                 what += ", then " + ", ".join(f"+1 {n}" for n in chain) + ": the next bottlenecks"
         if a == 0:
@@ -486,13 +507,22 @@ class RLPolicyRunner:
         """The actions of ``mask`` the shield allows: those predicted to raise the bottleneck by ``min_gain``
         (``vetoed_actions``), and with ``sized_shield`` a "+1" whose move, as the runner would size it,
         is (``_sized_move``), for an operator the rest of the pipeline waits on (``_waited_on``)."""
-        allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, min_gain, memory_bound)
+        allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, min_gain, memory_bound,
+                                         self._model_limits(limits, alloc, fs))
         if self.sized_shield:
             for k in range(min(K_MAX, len(specs))):
                 if mask[1 + k] and not allowed[1 + k] and self._waited_on(obs, alloc, fs, specs[k].name):
                     sized = self._sized_move(1 + k, alloc, specs, budget, caps, limits, fs, memory_bound, min_gain)
                     allowed[1 + k] = sized is not None and sized[1] >= min_gain
         return allowed
+
+    def _model_limits(self, limits: dict[str, int], alloc: Allocation, fs: FeatureState) -> dict[str, int] | None:
+        """The measured limits the shield's linear model knows (``flat_past_limit``): those of operators
+        past them measured no faster there (``ScalingMemory.no_faster_past``)."""
+        if self.flat_past_limit is None:
+            return None
+        return {n: lim for n, lim in limits.items()
+                if alloc.get(n, 0) > lim and fs.scaling.no_faster_past(n, alloc[n], lim, self.flat_past_limit)}
 
     def _waited_on(self, obs: Observation, alloc: Allocation, fs: FeatureState, name: str) -> bool:
         """``name`` measured at its slots often enough for ``ScalingMemory.limit`` to judge the step that led
@@ -518,13 +548,14 @@ class RLPolicyRunner:
         """"+1" ``a``, for an operator the others wait on, as the runner would make it (up to ``_move_slots``
         slots for the shield's ``bar``, each paying ``shield_min_gain``) and the bottleneck's predicted relative
         gain from it (None: nothing to predict from)."""
-        now = predicted_bottleneck(alloc, caps, alloc)
+        model = self._model_limits(limits, alloc, fs)
+        now = predicted_bottleneck(alloc, caps, alloc, model)
         if not math.isfinite(now) or now <= 0:
             return None
         most = self._move_slots(specs[a - 1].name, alloc, limits, fs, bar if self.clear_bar else None)
         new = grow_while_it_pays(a, alloc, specs, budget, caps, max_slots=most, min_gain=self.shield_min_gain,
-                                 memory_bound=memory_bound)
-        return new, predicted_bottleneck(alloc, caps, new) / now - 1.0
+                                 memory_bound=memory_bound, limits=model)
+        return new, predicted_bottleneck(alloc, caps, new, model) / now - 1.0
 
     def _why_hold(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                   caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState, min_gain: float,
@@ -540,11 +571,12 @@ class RLPolicyRunner:
             return f" ({b}, the bottleneck, is at its measured limit of {limits[b]} slots)"
         if self.scaling_margin is not None and not self._measured_enough(fs, b, alloc[b]):
             return f" ({b}, the bottleneck, is not yet measured steady at {alloc[b]} slots)"
-        now = predicted_bottleneck(alloc, caps, alloc)
-        grown = apply_action(1 + k, alloc, specs, budget, caps, memory_bound)
+        model = self._model_limits(limits, alloc, fs)
+        now = predicted_bottleneck(alloc, caps, alloc, model)
+        grown = apply_action(1 + k, alloc, specs, budget, caps, memory_bound, model)
         if not math.isfinite(now) or now <= 0 or grown == alloc:
             return ""
-        gain = predicted_bottleneck(alloc, caps, grown) / now - 1.0
+        gain = predicted_bottleneck(alloc, caps, grown, model) / now - 1.0
         what = f"+1 {b}"
         if self.sized_shield and self._waited_on(obs, alloc, fs, b):
             sized = self._sized_move(1 + k, alloc, specs, budget, caps, limits, fs, memory_bound, min_gain)
