@@ -309,13 +309,11 @@ class ScalingMemory:
     def no_faster_past(self, name: str, now: int, limit: int, margin: float) -> bool:
         """``name`` at ``now`` slots, past its ``limit``, is measured no faster there: ``now`` measured often,
         its capacity at most ``margin`` over the limit's, and the pipeline delivered no more there."""
-        points = self.curves.get(name, {})
-        if not self.measured_often(name, now) or now not in points or limit not in points:
+        delivered = self.delivered(name)
+        if not self.measured_often(name, now) or now not in delivered or limit not in delivered:
             return False
         curve = self.settled(name)
-        delivered_now, delivered_limit = points[now][3], points[limit][3]
-        return (curve[now] <= curve[limit] * (1.0 + margin) and delivered_now is not None
-                and delivered_limit is not None and delivered_now <= delivered_limit)
+        return curve[now] <= curve[limit] * (1.0 + margin) and delivered[now] <= delivered[limit]
 
     def measured_often(self, name: str, k: int) -> bool:
         """``k`` measured ``now_measurements`` times: the count an operator runs at is measured again
