@@ -243,6 +243,7 @@ def test_rl_holds_until_the_operators_it_moved_have_been_measured_again():
         waited_on_alpha = None
         idle_reads_busy_capacity = None
         credit_reads_rise = False
+        rise_read_until_idle_steps = None
 
         def act(self, obs, alloc, specs, budget, fs):
             self.calls += 1
@@ -344,7 +345,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_noisy_max_repeat": 2, "rl_noisy_growth_noise": 0.2, "rl_delivered_max_age": 30,
             "rl_slope_sized_growth": True, "rl_one_slot_after_release": True, "rl_chain_slots": 3,
             "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3, "rl_idle_reads_busy_capacity": None,
-            "rl_credit_reads_rise": False, "rl_flat_past_limit": None, "rl_busy_max_age_s": None}
+            "rl_credit_reads_rise": False, "rl_flat_past_limit": None, "rl_busy_max_age_s": None,
+            "rl_rise_read_until_idle_steps": None}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -355,6 +357,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.chain_slots == 3 and plain.runner.chain_slots == RLPolicyRunner.chain_slots
     assert with_options.runner.flat_past_limit is None and plain.runner.flat_past_limit == 0.10
     assert with_options.runner.busy_max_age_s is None and plain.runner.busy_max_age_s == 30.0
+    assert with_options.runner.rise_read_until_idle_steps is None and plain.runner.rise_read_until_idle_steps == 3
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -531,6 +534,25 @@ def test_a_hold_says_why_the_bottleneck_was_not_grown():
     at_limit.scaling.limit = lambda name: 6 if name == "b" else None  # more slots measured not to pay
     held, what = _AlwaysWants(2).act(obs, alloc, specs, 14.0, at_limit)
     assert held is None and "b, the bottleneck, is at its measured limit of 6 slots" in what, what
+
+
+def test_a_hold_of_the_nets_over_a_move_the_shield_allows_says_what_would_override_it():
+    """b binds at 20 slots with quiet counters: one slot more predicts +5%, over the shield's bar, but the
+    net holds, and a hold is overridden only from ``hold_override_gain`` (10%). The hold says both (live,
+    storage_saturated 63e: "predicts +8%; a move must clear 3%" under a hold read as a contradiction)."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 20, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 1000.0, "c": 2000.0}, alloc, 1000.0, util={"a": 0.25, "b": 1.0, "c": 0.5})
+    runner = _AlwaysWants(0)  # holds
+    runner.scaling_margin = None  # the shield alone
+    runner.sized_shield = False
+    held, what = runner.act(obs, alloc, specs, 28.0, FeatureState(list(alloc)))
+    assert held is None, (held, what)
+    assert ("+1 b, the bottleneck, predicts +5%, over the 2% a move must clear; the policy held, and a hold is"
+            " overridden from 10%") in what, what
+    runner.hold_override_gain = 0.04  # from 4%: the override takes the move
+    new, what = runner.act(obs, alloc, specs, 28.0, FeatureState(list(alloc)))
+    assert new is not None and new["b"] > 20, (new, what)
 
 
 def test_a_measured_rise_in_cost_per_row_lets_the_noisy_bottleneck_grow_back_past_the_noise_bar():
@@ -712,6 +734,42 @@ def test_a_shifted_operator_reads_on_its_credit_no_more_than_its_rise_implies():
             assert new is not None and new["b"] > 9, (new, what)
         else:
             assert new is None and "b, the bottleneck, is not yet measured steady at 9 slots" in what, what
+
+
+def test_a_shifted_operator_grown_past_the_told_count_and_idle_there_reads_as_measured():
+    """b's cost per row doubled at 4 slots, where busy it had read 2,000/s a slot (credit: up to 8, b read at
+    1,000/s a slot). The credit took b to 6, where it sits 60% busy and reads 9,000/s; c, at 5 slots and
+    5,000/s, binds. On the credit's figure b is a donor at 6,000 losing a sixth, a no better (3,600 at 2
+    slots): the net's "+1 c" is vetoed (live, dlrm_preprocessing's truncate_history, run 63f: 25 s). With b
+    idle ``rise_read_until_idle_steps`` ticks in a row at 6 it reads as measured, as any idle operator does
+    (no busy figure since the shift): c takes one of the slots the credit gave b. Not after fewer ticks, not
+    while b is busy, not with the option off."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    told_alloc = {"a": 3, "b": 4, "c": 5}
+    told = _obs({"a": 5400.0, "b": 4000.0, "c": 5000.0}, told_alloc, 4000.0, util={"a": 0.5, "b": 1.0, "c": 0.6})
+    alloc = {"a": 3, "b": 6, "c": 5}
+    plus_c = 3
+
+    def act(idle_ticks: int, b_util: float = 0.6, option: int | None = 3):
+        runner = _AlwaysWants(plus_c)
+        runner.scaling_margin = None  # the shield alone
+        runner.rise_read_until_idle_steps = option
+        fs = FeatureState(list(alloc))
+        fs.busy_capacity_per_slot["b"] = 2000.0
+        runner.note_cost_shift(told, fs, "b", 2.0)
+        fs.forget_busy_capacity("b")  # read at the cost before (``RLPolicy._note_cost_shifts``)
+        assert runner.credited(told, fs, "b") == 8
+        now = _obs({"a": 5400.0, "b": 9000.0, "c": 5000.0}, alloc, 5000.0, util={"a": 1.0, "b": b_util, "c": 1.0})
+        fs.steps_since_change["b"] = 99  # held at 6 since the credit's move
+        for _ in range(idle_ticks):
+            fs.note_idle(now, runner.idle_reads_busy_capacity)
+        return runner.act(now, alloc, specs, 14.0, fs)
+
+    new, what = act(3)
+    assert new is not None and new["c"] == 6 and new["b"] == 5 and new["a"] == 3, (new, what)
+    for kwargs in ({"idle_ticks": 2}, {"idle_ticks": 5, "b_util": 0.9}, {"idle_ticks": 5, "option": None}):
+        new, what = act(**kwargs)
+        assert new is None or new["c"] == 5, (kwargs, new, what)
 
 
 def test_the_busy_capacity_per_slot_is_noted_only_from_busy_readings_at_a_count_held_a_few_steps():

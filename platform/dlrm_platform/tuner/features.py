@@ -82,6 +82,9 @@ class FeatureState:
         #: few steps: the median of its last readings (``note_busy_capacity``; rl's ``idle_reads_busy_capacity``)
         self.busy_capacity_per_slot: dict[str, float] = {}
         self.busy_readings: dict[str, list[tuple[float, float]]] = {}  # operator -> [(t, capacity per slot)]
+        #: operator -> ticks in a row its slots read less busy than rl's ``idle_reads_busy_capacity``
+        #: (``note_idle``; rl's ``rise_read_until_idle_steps``)
+        self.idle_steps: dict[str, int] = {}
 
     def note_util(self, obs: Observation, alpha: float) -> None:
         """Smooth each operator's busy share of its slots by ``alpha`` per tick (rl's ``waited_on_alpha``)."""
@@ -110,6 +113,12 @@ class FeatureState:
                 self.busy_capacity_per_slot[name] = float(np.median([v for _, v in last]))
             else:
                 self.busy_capacity_per_slot.pop(name, None)
+
+    def note_idle(self, obs: Observation, max_util: float) -> None:
+        """Count, per operator, the ticks in a row its slots read less than ``max_util`` busy."""
+        for o in obs.ops:
+            idle = not o.completed and o.slots > 0 and o.util < max_util
+            self.idle_steps[o.name] = self.idle_steps.get(o.name, 0) + 1 if idle else 0
 
     def drop_credit(self, name: str) -> None:
         """Forget ``name``'s shift credit and what was noted with it."""

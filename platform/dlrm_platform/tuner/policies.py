@@ -745,6 +745,8 @@ class RLPolicy(Policy):
                           "rl_idle_reads_busy_capacity": ("idle_reads_busy_capacity",
                                                           lambda v: None if v is None else float(v)),
                           "rl_credit_reads_rise": ("credit_reads_rise", bool),
+                          "rl_rise_read_until_idle_steps": ("rise_read_until_idle_steps",
+                                                            lambda v: None if v is None else int(v)),
                           "rl_scaling_after_warmup_s": ("scaling_after_warmup_s", float),
                           "rl_waited_on_alpha": ("waited_on_alpha", lambda v: None if v is None else float(v)),
                           "rl_sized_shield_others_util": ("sized_shield_others_util",
@@ -856,6 +858,8 @@ class RLPolicy(Policy):
         if (self.runner.idle_reads_busy_capacity is not None or self.runner.credit_reads_rise) and not climbing:
             self.fs.note_busy_capacity(obs, self.runner.idle_reads_busy_capacity or BUSY_UTIL,
                                        self.runner.steady_steps, max_age_s=self.runner.busy_max_age_s)
+        if self.runner.rise_read_until_idle_steps is not None:
+            self.fs.note_idle(obs, self.runner.idle_reads_busy_capacity or BUSY_UTIL)
         if self.judge_moves and self.fs.scaling.cross_shifts != self.shifts_seen:
             self.shifts_seen = self.fs.scaling.cross_shifts
             self.fs.moves.forget()  # what was delivered before a cost shift judges nothing after it

@@ -217,6 +217,16 @@ class RLPolicyRunner:
     #: 7 slots against ~4,800; 26,855 against ~5,400), was not the bottleneck on paper, and, with the told
     #: figure out of reach, grew one measured slot per ~6.5 s, 7 -> 11 from 76 to 96 s (run 60e, 39 s)
     credit_reads_rise: bool = True
+    #: ... until the operator, grown past the slots it was told at, has read less busy than
+    #: ``idle_reads_busy_capacity`` for this many ticks in a row at its count (policy option
+    #: ``rl_rise_read_until_idle_steps``; None: while the credit runs, 60 s). It then has more slots than the
+    #: pipeline asks of it and reads as any idle operator does (at most its busy figure, ``idle_reads_busy_capacity``):
+    #: the figure its rise implies reads it low. Over 66 recorded live shifts, the shifted operator's later busy
+    #: figure was 1.15-1.5x that in dlrm_preprocessing and per_task_overhead. Live, dlrm_preprocessing's
+    #: truncate_history, told at 4 slots (x2.03: credit to 9), went to 6 and sat there 40-80% busy, ~14,000
+    #: samples/s measured but 10,700 on the rise's figure: a donor losing 7% on paper, so "+1 sparse_hash"
+    #: (8,900 samples/s, the bottleneck) predicted -7% to +3% for 25 s (run 63f, 37 s)
+    rise_read_until_idle_steps: int | None = 3
     #: an operator a move grew gives none of its slots to another operator's move for this many steps (policy
     #: option ``rl_grown_keeps_steps``; 0: off): what a move gave, the next one took back on one window's
     #: reading before the first had been measured (live, wide_skewed's hash: +1, then -1 for feature_cross
@@ -402,7 +412,7 @@ class RLPolicyRunner:
                                              lambda o: o.util < self.idle_reads_busy_capacity)
             # on its credit, at no more than the capacity per slot its rise implies (``credit_reads_rise``)
             caps = self._capped_per_slot(obs, caps, fs.shift_capacity_per_slot,
-                                         lambda o: self.credited(obs, fs, o.name) is not None)
+                                         lambda o: self._reads_rise(obs, alloc, fs, o.name))
         for s in specs:  # a move that grew it was measured to deliver less end to end
             if (lim := fs.moves.limit(s.name, obs.t)) is not None:
                 limits[s.name] = min(limits.get(s.name, lim), lim)
@@ -583,6 +593,11 @@ class RLPolicyRunner:
             if sized is not None and sized[1] > gain:  # the bar was the sized move's: name that move
                 new, gain = sized
                 what = f"+{new[b] - alloc[b]} {b}"
+        override = None if self.hold_override_gain is None else max(self.hold_override_gain, min_gain)
+        if gain >= min_gain and override is not None and gain < override:
+            # the shield allows it: the net held, and its hold is overridden only from ``hold_override_gain``
+            return (f" ({what}, the bottleneck, predicts {gain:+.0%}, over the {min_gain:.0%} a move must clear;"
+                    f" the policy held, and a hold is overridden from {override:.0%})")
         return f" ({what}, the bottleneck, predicts {gain:+.0%}; a move must clear {min_gain:.0%})"
 
     def _move_slots(self, name: str, alloc: Allocation, limits: dict[str, int], fs: FeatureState,
@@ -659,6 +674,15 @@ class RLPolicyRunner:
         if obs.t > credit[1] or slots is None or slots >= credit[0]:
             return None
         return credit[0]
+
+    def _reads_rise(self, obs: Observation, alloc: Allocation, fs: FeatureState, name: str) -> bool:
+        """``name`` reads at the capacity per slot its rise implies (``credit_reads_rise``): it has a credit and
+        has not, grown past the slots it was told at, read idle there (``rise_read_until_idle_steps``)."""
+        if self.credited(obs, fs, name) is None:
+            return False
+        n = self.rise_read_until_idle_steps
+        return (n is None or alloc[name] <= fs.shift_told_slots.get(name, alloc[name])
+                or min(fs.idle_steps.get(name, 0), fs.steps_since_change.get(name, 0)) < n)
 
     def _credit_measures(self, obs: Observation, alloc: Allocation, fs: FeatureState, name: str) -> bool:
         """``name``'s shift credit stands in for a steady measurement at its slots: it has a credit and (with
