@@ -304,6 +304,20 @@ def recovery_seconds(ts, rows, shift_at: float, post: float, steady_from: float,
     return float(back - shift_at)
 
 
+def last_move_seconds(allocations: list, shift_at: float) -> float:
+    """Seconds from a cost shift to the tuner's last change of the allocation in the run (0.0: none after
+    the shift). ``allocations`` is ``[[elapsed_s, allocation], ...]`` in time order. Beside
+    ``recovery_seconds``: a recovery the throughput clock reads long with no move after the first seconds
+    timed the level's own swings (blocks in flight draining, the machine's other load), not a tuner still
+    searching; a late last move with a short recovery is a refinement after it."""
+    last, prev = None, None
+    for t, alloc in allocations:
+        if alloc != prev and t >= shift_at:  # each entry is a decision: the first one is a move too
+            last = t
+        prev = alloc
+    return 0.0 if last is None else round(float(last - shift_at), 1)
+
+
 def count_stalls(ts: np.ndarray, run_s: float) -> int:
     if len(ts) == 0:
         return 1
@@ -603,6 +617,7 @@ def run_one(pipe: PipelineDef, policy: str, run_s: float, *, shift_at: float | N
             "recovery_s": recovery_seconds(ts, rows, shift_at, post, steady_from),
             # any dip below 95% of the level and its span's lowest window counts (run 55's figure)
             "recovery_strict_s": recovery_seconds(ts, rows, shift_at, post, steady_from, noise_k=0.0),
+            "last_move_s": last_move_seconds(res["allocations"], shift_at),
             "shift_at_s": shift_at,
         })
     # free the cluster before the next policy
@@ -834,7 +849,8 @@ def run_suite(pipe: PipelineDef, kind: str, policies: list[str], args) -> dict:
                                   oracle_k=args.oracle_k, tag=f"{pipe.name}-{kind}{r}-shift")
                     print(f"     pre {res['pre_shift_samples_per_s']:,.0f} -> post {res['post_shift_samples_per_s']:,.0f}"
                           f" samples/s, recovery {res['recovery_s']} s (strict {res['recovery_strict_s']} s),"
-                          f" stalls {res['stalls']}", flush=True)
+                          f" last move {res['last_move_s']} s after the shift, stalls {res['stalls']}",
+                          flush=True)
                     shift_results[pol].append(res)
     finally:
         ray.shutdown()
@@ -889,6 +905,7 @@ def summarise(pipe: PipelineDef, suite: dict, policies: list[str]) -> dict:
                 "recovered_samples_per_s": float(np.mean([r["post_shift_samples_per_s"] for r in shifts[p]])),
                 "recovery_s": [r["recovery_s"] for r in shifts[p]],
                 "recovery_strict_s": [r.get("recovery_strict_s") for r in shifts[p]],
+                "last_move_s": [r.get("last_move_s") for r in shifts[p]],
             }
             for p in policies if shifts.get(p)
         },
@@ -983,7 +1000,8 @@ def print_table(kind: str, s: dict, policies: list[str]) -> None:
                      " model optimum before / after)")
             print(f"  {p:<12} pre {v['pre_shift_samples_per_s']:>8,.0f}  recovered {v['recovered_samples_per_s']:>8,.0f}"
                   f" samples/s{share}  recovery {v['recovery_s']} s"
-                  + (f" (strict: {v['recovery_strict_s']} s)" if v.get("recovery_strict_s") else ""))
+                  + (f" (strict: {v['recovery_strict_s']} s)" if v.get("recovery_strict_s") else "")
+                  + (f"; last move {v['last_move_s']} s after the shift" if v.get("last_move_s") else ""))
     for o in s.get("oracle_runs", []):
         searched = ("no search (an earlier round's pick)" if o["search_run_samples_per_s"] is None
                     else f"{o['search_run_samples_per_s']:,.0f} samples/s at the end of its search run")

@@ -387,6 +387,18 @@ def test_a_dip_within_the_post_shift_levels_own_noise_is_no_late_recovery(bench)
     assert bench.recovery_seconds(ts, rows, 60.0, post, 102.0) >= 35.0
 
 
+def test_the_last_move_after_a_shift_is_timed_from_the_shift(bench):
+    """Beside the throughput clock: when the tuner last changed the allocation after the shift (live, storage
+    63e / 64b: one move as the shift was told, none after, a "recovery" of 32 / 40.5 s from the level's
+    swings). Moves before the shift, and ticks that leave the allocation as it was, do not count."""
+    a, b, c = {"x": 2, "y": 2}, {"x": 3, "y": 1}, {"x": 2, "y": 2}
+    assert bench.last_move_seconds([[10.0, a], [20.0, b], [30.0, b]], 60.0) == 0.0  # none after the shift
+    assert bench.last_move_seconds([[10.0, a], [62.8, b], [70.0, b], [90.0, b]], 60.0) == 2.8
+    assert bench.last_move_seconds([[10.0, a], [62.8, b], [95.3, c]], 60.0) == 35.3
+    assert bench.last_move_seconds([], 60.0) == 0.0
+    assert bench.last_move_seconds([[62.0, a]], 60.0) == 2.0  # the run's first decision, after the shift
+
+
 def test_a_shift_runs_levels_are_put_against_the_model_optimum_before_and_after_the_shift(bench, capsys):
     """A policy that never recovers from the shift reaches its low level at once, and its recovery time alone
     reads fast (live, rl held per_task_overhead's shifted sparse hash at 6 slots for 70 s: "8.5 s"); the
