@@ -855,11 +855,11 @@ class RLPolicy(Policy):
         # after a warm-up, workers still warming read 30-90% under their later busy figures (live runs 62-63)
         climbing = (self.fs.warming_up_t is not None
                     and obs.t - self.fs.warming_up_t < self.runner.scaling_after_warmup_s)
+        busy_util = self.runner.idle_reads_busy_capacity or BUSY_UTIL
         if (self.runner.idle_reads_busy_capacity is not None or self.runner.credit_reads_rise) and not climbing:
-            self.fs.note_busy_capacity(obs, self.runner.idle_reads_busy_capacity or BUSY_UTIL,
-                                       self.runner.steady_steps, max_age_s=self.runner.busy_max_age_s)
+            self.fs.note_busy_capacity(obs, busy_util, self.runner.steady_steps, max_age_s=self.runner.busy_max_age_s)
         if self.runner.rise_read_until_idle_steps is not None:
-            self.fs.note_idle(obs, self.runner.idle_reads_busy_capacity or BUSY_UTIL)
+            self.fs.note_idle(obs, busy_util)
         if self.judge_moves and self.fs.scaling.cross_shifts != self.shifts_seen:
             self.shifts_seen = self.fs.scaling.cross_shifts
             self.fs.moves.forget()  # what was delivered before a cost shift judges nothing after it

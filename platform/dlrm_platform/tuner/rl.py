@@ -221,8 +221,9 @@ class RLPolicyRunner:
     #: ``idle_reads_busy_capacity`` for this many ticks in a row at its count (policy option
     #: ``rl_rise_read_until_idle_steps``; None: while the credit runs, 60 s). It then has more slots than the
     #: pipeline asks of it and reads as any idle operator does (at most its busy figure, ``idle_reads_busy_capacity``):
-    #: the figure its rise implies reads it low. Over 66 recorded live shifts, the shifted operator's later busy
-    #: figure was 1.15-1.5x that in dlrm_preprocessing and per_task_overhead. Live, dlrm_preprocessing's
+    #: the figure its rise implies reads it low. Over the recorded live shifts of runs 61-63, the shifted operator's
+    #: later busy figure was 1.12-1.43x that in dlrm_preprocessing and 1.09-1.54x in per_task_overhead (tuner/README.md,
+    #: run 64). Live, dlrm_preprocessing's
     #: truncate_history, told at 4 slots (x2.03: credit to 9), went to 6 and sat there 40-80% busy, ~14,000
     #: samples/s measured but 10,700 on the rise's figure: a donor losing 7% on paper, so "+1 sparse_hash"
     #: (8,900 samples/s, the bottleneck) predicted -7% to +3% for 25 s (run 63f, 37 s)
@@ -452,7 +453,7 @@ class RLPolicyRunner:
             grow = np.zeros_like(allowed)
             grow[1:1 + K_MAX] = allowed[1:1 + K_MAX]
             strong = self._shield(obs, grow, alloc, moving, budget, caps, limits, fs,
-                                  max(self.hold_override_gain, min_gain), memory_bound)
+                                  self._override_bar(min_gain), memory_bound)
             if strong.any():
                 a = self.choose(vec, strong)
                 self.stats["overridden"] += 1
@@ -593,12 +594,16 @@ class RLPolicyRunner:
             if sized is not None and sized[1] > gain:  # the bar was the sized move's: name that move
                 new, gain = sized
                 what = f"+{new[b] - alloc[b]} {b}"
-        override = None if self.hold_override_gain is None else max(self.hold_override_gain, min_gain)
+        override = self._override_bar(min_gain)
         if gain >= min_gain and override is not None and gain < override:
             # the shield allows it: the net held, and its hold is overridden only from ``hold_override_gain``
             return (f" ({what}, the bottleneck, predicts {gain:+.0%}, over the {min_gain:.0%} a move must clear;"
                     f" the policy held, and a hold is overridden from {override:.0%})")
         return f" ({what}, the bottleneck, predicts {gain:+.0%}; a move must clear {min_gain:.0%})"
+
+    def _override_bar(self, min_gain: float) -> float | None:
+        """The predicted gain from which a "+1" overrides a hold of the net's (None: never)."""
+        return None if self.hold_override_gain is None else max(self.hold_override_gain, min_gain)
 
     def _move_slots(self, name: str, alloc: Allocation, limits: dict[str, int], fs: FeatureState,
                     bar: float | None) -> int:
