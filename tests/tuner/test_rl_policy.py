@@ -346,7 +346,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_slope_sized_growth": True, "rl_one_slot_after_release": True, "rl_chain_slots": 3,
             "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3, "rl_idle_reads_busy_capacity": None,
             "rl_credit_reads_rise": False, "rl_flat_past_limit": None, "rl_busy_max_age_s": None,
-            "rl_rise_read_until_idle_steps": None}
+            "rl_rise_read_until_idle_steps": None, "rl_shift_reads_busy_after_s": None,
+            "rl_shift_busy_spread": 1.5}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -358,6 +359,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.flat_past_limit is None and plain.runner.flat_past_limit == 0.10
     assert with_options.runner.busy_max_age_s is None and plain.runner.busy_max_age_s == 30.0
     assert with_options.runner.rise_read_until_idle_steps is None and plain.runner.rise_read_until_idle_steps == 3
+    assert with_options.runner.shift_reads_busy_after_s is None and plain.runner.shift_reads_busy_after_s == 10.0
+    assert with_options.runner.shift_busy_spread == 1.5 and plain.runner.shift_busy_spread == 1.3
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -768,6 +771,51 @@ def test_a_shifted_operator_grown_past_the_told_count_and_idle_there_reads_as_me
     new, what = act(3)
     assert new is not None and new["c"] == 6 and new["b"] == 5 and new["a"] == 3, (new, what)
     for kwargs in ({"idle_ticks": 2}, {"idle_ticks": 5, "b_util": 0.9}, {"idle_ticks": 5, "option": None}):
+        new, what = act(**kwargs)
+        assert new is None or new["c"] == 5, (kwargs, new, what)
+
+
+def test_a_shifted_operator_reads_at_its_busy_readings_from_shift_reads_busy_after_s_once_they_agree():
+    """b's cost per row doubled at 4 slots, told at t=10, where busy it had read 2,000/s a slot (credit: up to
+    8, b read at 1,000/s a slot). The credit took b to 6, where it runs busy and reads 8,400/s (1,400 a slot:
+    part of its time per task was never its own cost, so the rise read it low; live, dlrm_preprocessing's
+    truncate_history read 1.13-1.38x its rise's figure 15 s after the tell). On the rise's figure b, at 6,000,
+    binds and the net's "+1 c" (c: 7,000 at 5 slots) is vetoed. From ``shift_reads_busy_after_s`` after the
+    tell, with five busy readings since that agree, b reads at their median: c binds and takes a slot from a.
+    Not with readings from before then, nor with readings that disagree, nor with the option off."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    told_alloc = {"a": 4, "b": 4, "c": 5}
+    told = _obs({"a": 20000.0, "b": 4000.0, "c": 7000.0}, told_alloc, 4000.0, util={"a": 0.5, "b": 1.0, "c": 0.6})
+    alloc = {"a": 3, "b": 6, "c": 5}
+    plus_c = 3
+
+    def act(readings_at: list[float], per_slot: list[float] | None = None, option: float | None = 10.0):
+        runner = _AlwaysWants(plus_c)
+        runner.scaling_margin = None  # the shield alone
+        runner.hold_override_gain = None
+        runner.shift_reads_busy_after_s = option
+        fs = FeatureState(list(alloc))
+        fs.busy_capacity_per_slot["b"] = 2000.0
+        runner.note_cost_shift(told, fs, "b", 2.0)
+        fs.forget_busy_capacity("b")  # read at the cost before (``RLPolicy._note_cost_shifts``)
+        assert runner.credited(told, fs, "b") == 8 and fs.shift_capacity_per_slot["b"] == 1000.0
+        fs.steps_since_change.update({"a": 99, "b": 99, "c": 99})  # held since the credit's move
+        for t, v in zip(readings_at, per_slot or [1400.0] * len(readings_at)):
+            fs.note_busy_capacity(replace(_obs({"a": 15000.0, "b": v * 6, "c": 7000.0}, alloc, 7000.0,
+                                               util={"a": 0.5, "b": 0.9, "c": 1.0}), t=t), 0.8, 3)
+        now = replace(_obs({"a": 15000.0, "b": 8400.0, "c": 7000.0}, alloc, 7000.0,
+                           util={"a": 0.5, "b": 0.9, "c": 1.0}), t=30.0)
+        return runner.act(now, alloc, specs, 14.0, fs)
+
+    since = [20.0, 21.0, 22.0, 23.0, 24.0]
+    new, what = act(since)
+    assert new is not None and new["c"] == 6 and new["a"] == 2 and new["b"] == 6, (new, what)
+    new, what = act(since, per_slot=[1300.0, 1400.0, 1500.0, 1350.0, 1450.0])  # within 1.3x of each other
+    assert new is not None and new["c"] == 6, (new, what)
+    for kwargs in ({"readings_at": [15.0, 16.0, 17.0, 18.0, 19.0]},  # all before told + 10 s
+                   {"readings_at": [18.0, 19.0, 20.0, 21.0, 22.0]},  # three since
+                   {"readings_at": since, "per_slot": [1400.0, 1400.0, 2000.0, 1400.0, 1400.0]},  # disagree
+                   {"readings_at": since, "option": None}):
         new, what = act(**kwargs)
         assert new is None or new["c"] == 5, (kwargs, new, what)
 

@@ -76,6 +76,8 @@ class FeatureState:
         #: operator -> the capacity per slot (samples/s) its rise implies: what it read busy before, divided by
         #: the rise (rl's ``credit_reads_rise``)
         self.shift_capacity_per_slot: dict[str, float] = {}
+        #: operator -> when its rise was told (rl's ``shift_reads_busy_after_s``)
+        self.shift_told_t: dict[str, float] = {}
         #: operator -> steps since a move last grew it (rl's ``grown_keeps_steps``)
         self.steps_since_grown: dict[str, int] = {}
         #: operator -> its capacity per slot (samples/s) as read while its slots were busy at a count held a
@@ -114,6 +116,16 @@ class FeatureState:
             else:
                 self.busy_capacity_per_slot.pop(name, None)
 
+    def busy_capacity_per_slot_since(self, name: str, since: float, readings: int,
+                                     spread: float) -> float | None:
+        """``name``'s capacity per slot as the median of its busy readings (``note_busy_capacity``) taken from
+        ``since`` on, where there are ``readings`` of them and the highest is at most ``spread`` times the
+        lowest (None: fewer, or they disagree)."""
+        recent = [v for t, v in self.busy_readings.get(name, []) if t >= since][-readings:]
+        if len(recent) < readings or max(recent) > spread * min(recent):
+            return None
+        return float(np.median(recent))
+
     def note_idle(self, obs: Observation, max_util: float) -> None:
         """Count, per operator, the ticks in a row its slots read less than ``max_util`` busy."""
         for o in obs.ops:
@@ -123,7 +135,7 @@ class FeatureState:
     def drop_credit(self, name: str) -> None:
         """Forget ``name``'s shift credit and what was noted with it."""
         for noted in (self.shift_credit, self.shift_told_slots, self.shift_told_capacity,
-                      self.shift_capacity_per_slot):
+                      self.shift_capacity_per_slot, self.shift_told_t):
             noted.pop(name, None)
 
     def forget_busy_capacity(self, name: str) -> None:

@@ -228,6 +228,22 @@ class RLPolicyRunner:
     #: samples/s measured but 10,700 on the rise's figure: a donor losing 7% on paper, so "+1 sparse_hash"
     #: (8,900 samples/s, the bottleneck) predicted -7% to +3% for 25 s (run 63f, 37 s)
     rise_read_until_idle_steps: int | None = 3
+    #: ... and from this many seconds after the shift was told (policy option ``rl_shift_reads_busy_after_s``;
+    #: None: never), once it has ``shift_busy_readings`` busy readings since (``FeatureState.note_busy_capacity``:
+    #: its slots busy at a count held ``steady_steps``) the highest at most ``shift_busy_spread`` times the lowest,
+    #: it reads at their median a slot in place of its rise's figure. The rise's figure carries the operator's
+    #: cost before the shift, all of it scaled: where part of a task's time is not the operator's own (a fixed
+    #: cost per task, the fetch of its input) the rise reads it low. Over the recorded live shifts of runs 61-64
+    #: (78 with a busy figure before), such five readings came 14-23 s after the tell in most and read, against
+    #: the rise's figure, 1.13-1.38x for dlrm_preprocessing's truncate_history (its later busy figure
+    #: 1.12-1.44x), 0.71-1.03x for storage_saturated's read (0.80-1.02x), 0.92-1.13x for wide_skewed's hash
+    #: (1.01-1.26x); per_task_overhead's hash agreed within the spread in 11 of 17 runs, 24-56 s in, and never
+    #: for contended_lookup's hash, whose readings scatter more. Not sooner: in the first 10 s the shifted
+    #: operator's busy readings still read the move and the blocks of both costs (per_task_overhead's hash
+    #: 0.46-2.87x the later figure in its first three)
+    shift_reads_busy_after_s: float | None = 10.0
+    shift_busy_readings: int = 5  # at most the five ``FeatureState.note_busy_capacity`` keeps
+    shift_busy_spread: float = 1.3
     #: an operator a move grew gives none of its slots to another operator's move for this many steps (policy
     #: option ``rl_grown_keeps_steps``; 0: off): what a move gave, the next one took back on one window's
     #: reading before the first had been measured (live, wide_skewed's hash: +1, then -1 for feature_cross
@@ -412,7 +428,7 @@ class RLPolicyRunner:
                 caps = self._capped_per_slot(obs, caps, fs.busy_capacity_per_slot,
                                              lambda o: o.util < self.idle_reads_busy_capacity)
             # on its credit, at no more than the capacity per slot its rise implies (``credit_reads_rise``)
-            caps = self._capped_per_slot(obs, caps, fs.shift_capacity_per_slot,
+            caps = self._capped_per_slot(obs, caps, self._shift_per_slot(obs, fs),
                                          lambda o: self._reads_rise(obs, alloc, fs, o.name))
         for s in specs:  # a move that grew it was measured to deliver less end to end
             if (lim := fs.moves.limit(s.name, obs.t)) is not None:
@@ -663,6 +679,7 @@ class RLPolicyRunner:
         fs.shift_told_slots[name] = op.slots
         fs.shift_told_capacity[name] = op.capacity
         fs.shift_capacity_per_slot.pop(name, None)
+        fs.shift_told_t[name] = obs.t
         before = fs.busy_capacity_per_slot.get(name) if self.credit_reads_rise else None
         if before is not None:  # read busy at the cost before: the rise scales it
             fs.shift_capacity_per_slot[name] = before / ratio
@@ -679,6 +696,22 @@ class RLPolicyRunner:
         if obs.t > credit[1] or slots is None or slots >= credit[0]:
             return None
         return credit[0]
+
+    def _shift_per_slot(self, obs: Observation, fs: FeatureState) -> dict[str, float]:
+        """The capacity per slot each shifted operator reads at on its credit: its rise's figure, or from
+        ``shift_reads_busy_after_s`` after the tell the median of its busy readings since, where they agree."""
+        out = dict(fs.shift_capacity_per_slot)
+        if self.shift_reads_busy_after_s is None:
+            return out
+        for name in out:
+            told_t = fs.shift_told_t.get(name)
+            if told_t is None or obs.t - told_t < self.shift_reads_busy_after_s:
+                continue
+            measured = fs.busy_capacity_per_slot_since(name, told_t + self.shift_reads_busy_after_s,
+                                                       self.shift_busy_readings, self.shift_busy_spread)
+            if measured is not None:
+                out[name] = measured
+        return out
 
     def _reads_rise(self, obs: Observation, alloc: Allocation, fs: FeatureState, name: str) -> bool:
         """``name`` reads at the capacity per slot its rise implies (``credit_reads_rise``): it has a credit and
