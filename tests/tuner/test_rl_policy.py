@@ -244,6 +244,8 @@ def test_rl_holds_until_the_operators_it_moved_have_been_measured_again():
         idle_reads_busy_capacity = None
         credit_reads_rise = False
         rise_read_until_idle_steps = None
+        taken_back_s = None
+        taken_back_within_s = 6.0
 
         def act(self, obs, alloc, specs, budget, fs):
             self.calls += 1
@@ -347,7 +349,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3, "rl_idle_reads_busy_capacity": None,
             "rl_credit_reads_rise": False, "rl_flat_past_limit": None, "rl_busy_max_age_s": None,
             "rl_rise_read_until_idle_steps": None, "rl_shift_reads_busy_after_s": None,
-            "rl_shift_busy_spread": 1.5}
+            "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -361,6 +363,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.rise_read_until_idle_steps is None and plain.runner.rise_read_until_idle_steps == 3
     assert with_options.runner.shift_reads_busy_after_s is None and plain.runner.shift_reads_busy_after_s == 10.0
     assert with_options.runner.shift_busy_spread == 1.5 and plain.runner.shift_busy_spread == 1.3
+    assert with_options.runner.credit_low_bar_s is None and plain.runner.credit_low_bar_s == 20.0
+    assert with_options.runner.taken_back_s is None and plain.runner.taken_back_s == 30.0
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -585,6 +589,30 @@ def test_a_measured_rise_in_cost_per_row_lets_the_noisy_bottleneck_grow_back_pas
     late.shift_credit["b"] = (20, 70.0)
     held, what = act(late, t=71.0)  # its time is up
     assert held is None and "b" not in late.shift_credit, what
+
+
+def test_with_credit_low_bar_s_a_shifts_credit_lowers_the_bar_only_for_its_first_seconds():
+    """As above, b's cost per row doubled at 10 slots (told at 10 s, credit to 20 for 60 s), its counters
+    30% noisy. With ``credit_low_bar_s`` 20, "+2 b" clears the low bar until 30 s; from then on the noise
+    bar (25%) stands again though the credit still runs: b keeps its told slots, its credit's target."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 10, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 1000.0, "c": 2000.0}, alloc, 1000.0, util={"a": 0.25, "b": 1.0, "c": 0.5})
+
+    def act(t: float):
+        runner = _AlwaysWants(2)
+        runner.scaling_margin = None  # the shield alone
+        runner.credit_low_bar_s = 20.0
+        fs = FeatureState(list(alloc))
+        fs.scaling.noise["b"] = 0.3
+        runner.note_cost_shift(obs, fs, "b", 2.0)
+        return runner.act(replace(obs, t=t), alloc, specs, 20.0, fs), fs
+
+    (new, what), _ = act(t=29.0)
+    assert new is not None and new["b"] > 12, what
+    (held, what), fs = act(t=31.0)
+    assert held is None and "a move must clear 25%" in what, what
+    assert fs.shift_credit["b"] == (20, 70.0)  # the credit itself runs on
 
 
 def test_a_shifts_credit_stands_in_for_the_steady_measurement_its_forgotten_curve_asked_for():
@@ -901,3 +929,52 @@ def test_with_grown_keeps_steps_an_operator_just_grown_gives_no_slot_to_the_next
     assert act(keeps=5, steps_since=2)["b"] == 10
     assert act(keeps=5, steps_since=5)["b"] < 10
     assert act(keeps=0, steps_since=0)["b"] < 10
+
+
+def test_a_move_taken_back_by_the_next_one_is_not_made_again_until_taken_back_s_is_up():
+    """b binds at 4 slots. A move grew it 4 -> 5 from a and the next move, 2 s later, took that slot back:
+    with ``taken_back_s`` b is held at 4 slots (the net's "+1 b" is vetoed and the hold says why) until its
+    time is up; a move back that is not the exact reverse, or one more than ``taken_back_within_s`` after,
+    holds nothing, and neither does the option off."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 4, "c": 4}
+    obs = _obs({"a": 4000.0, "b": 500.0, "c": 2000.0}, alloc, 500.0)  # b is the bottleneck
+
+    def act(fs: FeatureState, t: float, taken_back_s: float | None = 30.0):
+        runner = _AlwaysWants(2)  # "+1 b"
+        runner.max_repeat = 1
+        runner.taken_back_s = taken_back_s
+        return runner.act(replace(obs, t=t), alloc, specs, 12.0, fs)
+
+    def after_moves(grown_at: float, back_at: float, back: dict, taken_back_s: float | None = 30.0):
+        fs = FeatureState(list(alloc))
+        fs.note_move(grown_at, alloc, {"a": 3, "b": 5, "c": 4}, taken_back_s, 6.0)
+        fs.note_move(back_at, {"a": 3, "b": 5, "c": 4}, back, taken_back_s, 6.0)
+        return fs
+
+    fs = after_moves(8.0, 10.0, alloc)
+    assert fs.taken_back == {"b": (4, 40.0)}
+    held, what = act(fs, t=20.0)
+    assert held is None and "b, the bottleneck, is held at 4 slots for 20 s more" in what, what
+    new, what = act(fs, t=41.0)  # its time is up
+    assert new is not None and new["b"] == 5, what
+    for fs in (after_moves(8.0, 10.0, {"a": 4, "b": 4, "c": 3}),  # not the exact reverse
+               after_moves(2.0, 10.0, alloc),  # 8 s after the move: a move of its own
+               after_moves(8.0, 10.0, alloc, taken_back_s=None)):  # off
+        assert not fs.taken_back
+        new, what = act(fs, t=20.0)
+        assert new is not None and new["b"] == 5, what
+
+
+def test_a_cost_shifts_tell_lifts_what_was_taken_back():
+    """What a move and its reverse measured was at the costs before a shift: RLPolicy forgets it on the tell."""
+    from dlrm_platform.tuner.policies import RLPolicy
+
+    specs = [OpSpec("a", 1.0, initial=4), OpSpec("b", 1.0, initial=4)]
+    policy = RLPolicy(TunerSpec("rl-taken-back", "rl", 8.0, specs, options={"rl_taken_back_s": 30}))
+    assert policy.runner.taken_back_s == 30.0
+    policy.fs.taken_back["b"] = (4, 40.0)
+    alloc = {"a": 4, "b": 4}
+    obs = _obs({"a": 4000.0, "b": 500.0}, alloc, 500.0)
+    policy.decide(replace(obs, extra={**obs.extra, "cost_shifts": {"b": 2.0}}), alloc, specs, 8.0)
+    assert policy.fs.taken_back == {}

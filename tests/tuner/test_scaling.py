@@ -341,7 +341,8 @@ def test_rl_asks_a_move_for_more_gain_where_the_bottleneck_measures_noisily():
 
 #: rl's move-size options as they were before run 48 turned them on (tuner/README.md)
 BEFORE_RUN_48 = {"rl_noisy_max_repeat": None, "rl_delivered_max_age": None, "rl_slope_sized_growth": False,
-                 "rl_sized_shield": False, "rl_above_min_readings": None}
+                 "rl_sized_shield": False, "rl_above_min_readings": None,
+                 "rl_taken_back_s": None}  # run 66's: also holds a noisy operator where a move was taken back
 
 
 def _rl_share_with_noisy_counters(pipeline: str, op_noise: float, seeds: int, block_rows: float | None = None,

@@ -87,6 +87,32 @@ class FeatureState:
         #: operator -> ticks in a row its slots read less busy than rl's ``idle_reads_busy_capacity``
         #: (``note_idle``; rl's ``rise_read_until_idle_steps``)
         self.idle_steps: dict[str, int] = {}
+        #: the last move the policy made: (when, {operator: slots it changed by}) (``note_move``)
+        self.last_move: tuple[float, dict[str, int]] | None = None
+        #: operator -> (slots, until when): a move that grew it past those slots was taken back by the next
+        #: move, and it is not grown past them again until then (``note_move``; rl's ``taken_back_s``)
+        self.taken_back: dict[str, tuple[int, float]] = {}
+
+    def note_move(self, t: float, before: Mapping[str, int], after: Mapping[str, int], hold_s: float | None,
+                  within_s: float) -> None:
+        """A move from ``before`` to ``after`` at ``t``. Where it undoes exactly the last move, made at most
+        ``within_s`` before, each operator the last move grew is held at its slots now for ``hold_s``
+        seconds (None: not held)."""
+        change = {n: after.get(n, 0) - before.get(n, 0) for n in after.keys() | before.keys()}
+        change = {n: d for n, d in change.items() if d}
+        if not change:
+            return
+        last = self.last_move
+        if (hold_s is not None and last is not None and t - last[0] <= within_s
+                and change == {n: -d for n, d in last[1].items()}):
+            for name, d in last[1].items():
+                if d > 0:
+                    self.taken_back[name] = (after[name], t + hold_s)
+        self.last_move = (t, change)
+
+    def taken_back_limits(self, t: float) -> dict[str, int]:
+        """The slots each operator whose growth was taken back (``note_move``) is held at until its time is up."""
+        return {n: k for n, (k, until) in self.taken_back.items() if t <= until}
 
     def note_util(self, obs: Observation, alpha: float) -> None:
         """Smooth each operator's busy share of its slots by ``alpha`` per tick (rl's ``waited_on_alpha``)."""

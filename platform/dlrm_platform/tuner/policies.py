@@ -739,9 +739,11 @@ class RLPolicy(Policy):
                           "rl_sized_shield": ("sized_shield", bool),
                           "rl_clear_bar": ("clear_bar", bool),
                           "rl_shift_credit_s": ("shift_credit_s", lambda v: None if v is None else float(v)),
+                          "rl_credit_low_bar_s": ("credit_low_bar_s", lambda v: None if v is None else float(v)),
                           "rl_credit_keeps_slots": ("credit_keeps_slots", bool),
                           "rl_credit_measures_told_count": ("credit_measures_told_count", bool),
                           "rl_grown_keeps_steps": ("grown_keeps_steps", int),
+                          "rl_taken_back_s": ("taken_back_s", lambda v: None if v is None else float(v)),
                           "rl_idle_reads_busy_capacity": ("idle_reads_busy_capacity",
                                                           lambda v: None if v is None else float(v)),
                           "rl_credit_reads_rise": ("credit_reads_rise", bool),
@@ -840,6 +842,8 @@ class RLPolicy(Policy):
         """An operator's cost per row changed (``tuner/cost_shift.py``): its scaling curve and any limit
         on it describe the operator before; it is measured afresh (``steady_steps`` at its slots) before its
         curve has a point again, and it may grow back on the shift's credit (``RLPolicyRunner.note_cost_shift``)."""
+        if obs.extra.get("cost_shifts"):
+            self.fs.taken_back.clear()  # measured at the costs before
         for name, ratio in (obs.extra.get("cost_shifts") or {}).items():
             self.rates.rescale(name, ratio)
             self.fs.scaling.forget(name)
@@ -912,6 +916,7 @@ class RLPolicy(Policy):
                     f"{k - alloc[name]:+d} {name}: more slots delivered less end to end, trying {k}"))
         new, self.last_action = self.runner.act(obs, alloc, specs, budget, self.fs)
         if new is not None:
+            self.fs.note_move(obs.t, alloc, new, self.runner.taken_back_s, self.runner.taken_back_within_s)
             self.awaiting = {n for n in new if new[n] != alloc.get(n)}
             grown = [n for n in new if new[n] > alloc.get(n, 0)]
             # judged, and held until then, only where a grown operator's own counters are too noisy to

@@ -169,6 +169,14 @@ class RLPolicyRunner:
     #: None: off). Live, per_task_overhead's sparse hash, its cost doubled at 9 slots and the shift told
     #: within 3 s, held there 20 s under "+2 predicts +22%; a move must clear 25%" (tuner/README.md, run 53)
     shift_credit_s: float | None = 60.0
+    #: ... but only for this many seconds after the tell does its bottleneck's "+1" clear the low bar
+    #: (policy option ``rl_credit_low_bar_s``; None: while the credit runs); after that, its counters'
+    #: noise as for any operator. The first moves on the rise size the recovery; a late one rests on one
+    #: window like any other (live, contended_lookup 65b: "+1 sparse_hash" 33 s after the tell on the 2% bar,
+    #: the window after it dipping; over rounds 60-65, 50 such late moves delivered a median 0.975x the 8 s
+    #: before). Simulated with 20 and 30 s identical to off in every figure; live with 20 s (tuner/README.md,
+    #: run 66) no shifted operator grew 20-60 s after its tell in four rounds (50 in rounds 60-65)
+    credit_low_bar_s: float | None = 20.0
     #: ... and while the credit runs the operator keeps the slots it had when the shift was told: it gives
     #: none of those to another operator's move, to a move back or to a probe of fewer (policy option
     #: ``rl_credit_keeps_slots``); the slots the credit gave it, it may give back. Right after a shift its
@@ -252,6 +260,17 @@ class RLPolicyRunner:
     #: slowed the recovery from the suite's cost shifts (mean 4.8 -> 5.3 / 6.3 / 8.9 s) and cost the suite
     #: without warm-up 0.988 / 0.990 / 0.980 of the default's share of the optimum
     grown_keeps_steps: int = 0
+    #: a move that exactly undoes the last one, made at most ``taken_back_within_s`` before, holds each
+    #: operator that last move grew at its slots now for this many seconds (policy option
+    #: ``rl_taken_back_s``; None: off; a cost shift's tell lifts it): the move was made and measured, and
+    #: repeating it repeats the dip of measuring it. Live, dlrm_preprocessing after its shift traded a slot
+    #: between read and truncate_history (or sparse_hash) and back, 2 s apart, three times in 20 s, every
+    #: configuration within its counters' noise of the other and each trade's window dipping (run 66).
+    #: Simulated with 30 s the suite read 0.995x off's share of the optimum with warm-ups and 1.007x without
+    #: (contended_lookup at 0.4 extra noise, no warm-up, 0.960x), held out 1.001x / 0.997x, shift recoveries
+    #: identical; live (run 66) it held read at 2 slots for 21 s of dlrm_preprocessing's recovery
+    taken_back_s: float | None = 30.0
+    taken_back_within_s: float = 6.0
     #: while a pass still climbs (it has not held with every operator measured, nor moved back), a "+1"
     #: carries on to the operators that bound the pipeline after it, this many slots at most in all, each
     #: operator as far as a "+1" of its own would take it (``_most_slots``) and to double its slots at most
@@ -433,6 +452,8 @@ class RLPolicyRunner:
         for s in specs:  # a move that grew it was measured to deliver less end to end
             if (lim := fs.moves.limit(s.name, obs.t)) is not None:
                 limits[s.name] = min(limits.get(s.name, lim), lim)
+        for name, lim in fs.taken_back_limits(obs.t).items():  # a move that grew it was taken back
+            limits[name] = min(limits.get(name, lim), lim)
         self._expire_credits(obs, fs)
         for name in fs.shift_credit:
             if self.credited(obs, fs, name) is not None:
@@ -595,6 +616,10 @@ class RLPolicyRunner:
         if b is None or k is None:
             return ""
         if b in limits and alloc[b] >= limits[b]:
+            back = fs.taken_back.get(b)
+            if back is not None and obs.t <= back[1] and back[0] == limits[b]:
+                return (f" ({b}, the bottleneck, is held at {back[0]} slots for {back[1] - obs.t:.0f} s more: the"
+                        f" last move that grew it past them was taken back)")
             return f" ({b}, the bottleneck, is at its measured limit of {limits[b]} slots)"
         if self.scaling_margin is not None and not self._measured_enough(fs, b, alloc[b]):
             return f" ({b}, the bottleneck, is not yet measured steady at {alloc[b]} slots)"
@@ -660,10 +685,12 @@ class RLPolicyRunner:
                       caps: dict[str, float | None] | None = None) -> float:
         """The predicted speed-up of the bottleneck a "+1" must clear: ``shield_min_gain``, or
         ``shield_noise_k`` times the bottleneck's measured noise (at most ``shield_max_gain``); only
-        ``shield_min_gain`` for a bottleneck with a shift's credit (``shift_credit_s``). The bottleneck is
+        ``shield_min_gain`` for a bottleneck with a shift's credit (``shift_credit_s``), for the credit's first
+        ``credit_low_bar_s`` seconds where that is set. The bottleneck is
         the operator of least capacity in ``caps`` (None: as observed)."""
         b = _least(caps) if caps is not None else (obs.bottleneck() or "")
-        if self.credited(obs, fs, b) is not None:
+        if self.credited(obs, fs, b) is not None and (
+                self.credit_low_bar_s is None or obs.t - fs.shift_told_t.get(b, obs.t) <= self.credit_low_bar_s):
             return self.shield_min_gain
         noise = fs.scaling.noise.get(b, 0.0)
         return max(self.shield_min_gain, min(self.shield_noise_k * noise, self.shield_max_gain))
