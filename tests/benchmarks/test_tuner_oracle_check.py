@@ -382,9 +382,33 @@ def test_a_dip_within_the_post_shift_levels_own_noise_is_no_late_recovery(bench)
     ts, rows = run(900.0)  # 8 s at 0.90 of the level: below 95% and its span's lowest window, within 3 sd
     post = float(rows[ts >= 102.0].sum() / (130.0 - 102.0))
     assert bench.recovery_seconds(ts, rows, 60.0, post, 102.0) < 10.0
-    assert bench.recovery_seconds(ts, rows, 60.0, post, 102.0, noise_k=0.0) >= 35.0  # the strict line: a late dip
+    strict = {"noise_k": 0.0, "fall_within_s": None, "sustain_s": None}
+    assert bench.recovery_seconds(ts, rows, 60.0, post, 102.0, **strict) >= 35.0  # the strict line: a late dip
     ts, rows = run(500.0)  # a move that halved it: a dip however noisy the level
     assert bench.recovery_seconds(ts, rows, 60.0, post, 102.0) >= 35.0
+
+
+def test_one_window_short_of_the_level_long_after_the_shift_is_no_late_recovery(bench):
+    """Live (run 67): the allocation unchanged from 2-3 s after the shift, one 5 s window a block short of the
+    level 35 s on read as the shift's arrival, one 10 s window at 0.92 50 s on as a dip: 34.5 / 45 s."""
+    one_window = {"fall_within_s": None, "sustain_s": None}
+    # 5 s at 0.85 of the level 35 s after a shift the pipeline did not feel
+    ts, rows = _rows_at([(0, 95, 1000.0), (95, 100, 850.0), (100, 130, 1000.0)])
+    assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 102.0, **one_window) >= 35.0
+    assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 102.0) == 0.0
+    # the shift felt at once (10 s at half the level), then the same late window: the shift's own fall times it
+    ts, rows = _rows_at([(0, 65, 1000.0), (65, 75, 500.0), (75, 95, 1000.0), (95, 100, 850.0), (100, 130, 1000.0)])
+    assert 10.0 <= bench.recovery_seconds(ts, rows, 60.0, 1000.0, 102.0) <= 20.0
+    # a move that costs a third of the throughput for 7 s, 40 s after the shift, holds the clock however it is read
+    ts, rows = _rows_at([(0, 100, 1000.0), (100, 107, 667.0), (107, 130, 1000.0)])
+    assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 112.0) >= 40.0
+    assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 112.0, **one_window) >= 40.0
+    # and a level that stays low for 30 s after the shift before a move restores it is a late recovery
+    ts, rows = _rows_at([(0, 65, 1000.0), (65, 95, 880.0), (95, 130, 1000.0)])
+    assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 102.0) >= 30.0
+    # a shift that reaches the sink late (a backlog draining for 35 s) and a level low for 15 s after: a dip
+    ts, rows = _rows_at([(0, 95, 1000.0), (95, 110, 800.0), (110, 130, 1000.0)])
+    assert bench.recovery_seconds(ts, rows, 60.0, 1000.0, 112.0) >= 45.0
 
 
 def test_the_last_move_after_a_shift_is_timed_from_the_shift(bench):

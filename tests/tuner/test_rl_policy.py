@@ -349,7 +349,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3, "rl_idle_reads_busy_capacity": None,
             "rl_credit_reads_rise": False, "rl_flat_past_limit": None, "rl_busy_max_age_s": None,
             "rl_rise_read_until_idle_steps": None, "rl_shift_reads_busy_after_s": None,
-            "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None}
+            "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 60}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -365,6 +365,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.shift_busy_spread == 1.5 and plain.runner.shift_busy_spread == 1.3
     assert with_options.runner.credit_low_bar_s is None and plain.runner.credit_low_bar_s == 20.0
     assert with_options.runner.taken_back_s is None and plain.runner.taken_back_s == 30.0
+    assert with_options.runner.donor_repair_s == 60.0 and plain.runner.donor_repair_s == RLPolicyRunner.donor_repair_s
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -613,6 +614,36 @@ def test_with_credit_low_bar_s_a_shifts_credit_lowers_the_bar_only_for_its_first
     (held, what), fs = act(t=31.0)
     assert held is None and "a move must clear 25%" in what, what
     assert fs.shift_credit["b"] == (20, 70.0)  # the credit itself runs on
+
+
+def test_with_donor_repair_s_a_donor_the_credit_took_slots_from_grows_back_on_the_credits_bar():
+    """b's cost per row doubled at 4 slots (told at 10 s, a and c at 6 and 4 then); its credit took it to 8
+    and a to 3. a, its counters 30% noisy, now binds: "+1 a" (from b) predicts +7%, under the noise bar
+    (25%). With ``donor_repair_s`` it grows back toward its 6 slots at the tell on the 2% bar the credit's
+    moves cleared (live, per_task_overhead's parse held at 3 for 10 s under "predicts +14%; a move must
+    clear 25%": run 67a); not past them, not once the repair's time is up, and not without the option."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    told_alloc = {"a": 6, "b": 4, "c": 4}
+    told = _obs({"a": 1800.0, "b": 500.0, "c": 1700.0}, told_alloc, 500.0, util={"a": 0.5, "b": 1.0, "c": 0.5})
+    alloc = {"a": 3, "b": 8, "c": 3}
+    obs = _obs({"a": 900.0, "b": 1100.0, "c": 1300.0}, alloc, 900.0, util={"a": 1.0, "b": 0.8, "c": 0.7})
+
+    def act(repair_s: float | None, t: float = 20.0, now: dict | None = None):
+        runner = _AlwaysWants(1)  # "+1 a"
+        runner.scaling_margin = None  # the shield alone
+        runner.hold_override_gain = None
+        runner.donor_repair_s = repair_s
+        fs = FeatureState(list(alloc))
+        fs.scaling.noise["a"] = 0.3
+        runner.note_cost_shift(told, fs, "b", 2.0)
+        return runner.act(replace(obs, t=t), now or alloc, specs, 14.0, fs)
+
+    held, what = act(None)
+    assert held is None and "a move must clear 25%" in what, what
+    new, what = act(60.0)
+    assert new is not None and 3 < new["a"] <= 6 and new["b"] < 8, (new, what)
+    held, what = act(60.0, t=71.0)  # the repair's time is up
+    assert held is None and "a move must clear 25%" in what, what
 
 
 def test_a_shifts_credit_stands_in_for_the_steady_measurement_its_forgotten_curve_asked_for():

@@ -78,6 +78,9 @@ class FeatureState:
         self.shift_capacity_per_slot: dict[str, float] = {}
         #: operator -> when its rise was told (rl's ``shift_reads_busy_after_s``)
         self.shift_told_t: dict[str, float] = {}
+        #: operator -> (its slots, until when) when another operator's cost rise was told: what a move on the
+        #: credit takes from it below those, a move may give back on the credit's bar (rl's ``donor_repair_s``)
+        self.donor_told_slots: dict[str, tuple[int, float]] = {}
         #: operator -> steps since a move last grew it (rl's ``grown_keeps_steps``)
         self.steps_since_grown: dict[str, int] = {}
         #: operator -> its capacity per slot (samples/s) as read while its slots were busy at a count held a

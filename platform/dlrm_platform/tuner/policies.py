@@ -744,6 +744,7 @@ class RLPolicy(Policy):
                           "rl_credit_measures_told_count": ("credit_measures_told_count", bool),
                           "rl_grown_keeps_steps": ("grown_keeps_steps", int),
                           "rl_taken_back_s": ("taken_back_s", lambda v: None if v is None else float(v)),
+                          "rl_donor_repair_s": ("donor_repair_s", lambda v: None if v is None else float(v)),
                           "rl_idle_reads_busy_capacity": ("idle_reads_busy_capacity",
                                                           lambda v: None if v is None else float(v)),
                           "rl_credit_reads_rise": ("credit_reads_rise", bool),

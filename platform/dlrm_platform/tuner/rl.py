@@ -271,6 +271,13 @@ class RLPolicyRunner:
     #: identical; live (run 66) it held read at 2 slots for 21 s of dlrm_preprocessing's recovery
     taken_back_s: float | None = 30.0
     taken_back_within_s: float = 6.0
+    #: for this many seconds after a cost shift's tell, an operator a move took below the slots it had at the
+    #: tell, now the bottleneck, grows back toward them (not past) on ``shield_min_gain``, the bar the credit's
+    #: own moves cleared (policy option ``rl_donor_repair_s``; None: off): what a move on the credit's low bar
+    #: took, a move on the same bar gives back. Live, per_task_overhead's hash went 7 -> 14 slots in 7 s on its
+    #: credit, taking parse 6 -> 3 and feature_cross 6 -> 3; parse then bound, and "+1 parse predicts +14%; a
+    #: move must clear 25%" (its counters' noise) held it there for 10 s at 0.8 of the level (run 67a, 40.5 s)
+    donor_repair_s: float | None = None
     #: while a pass still climbs (it has not held with every operator measured, nor moved back), a "+1"
     #: carries on to the operators that bound the pipeline after it, this many slots at most in all, each
     #: operator as far as a "+1" of its own would take it (``_most_slots``) and to double its slots at most
@@ -515,6 +522,8 @@ class RLPolicyRunner:
             if (target := self.credited(obs, fs, name)) is not None:
                 # as many as the measured rise asks, each paying on the linear model
                 most = max(most, min(self._within_limit(name, alloc, limits), target - alloc[name]))
+            elif (told := self.starved_donor(obs, fs, name)) is not None and name == _least(caps):
+                most = min(most, told - alloc[name])  # on the credit's bar: back toward its slots, not past
         new = grow_while_it_pays(a, alloc, moving, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound,
                                  limits=self._model_limits(limits, alloc, fs))
@@ -692,6 +701,8 @@ class RLPolicyRunner:
         if self.credited(obs, fs, b) is not None and (
                 self.credit_low_bar_s is None or obs.t - fs.shift_told_t.get(b, obs.t) <= self.credit_low_bar_s):
             return self.shield_min_gain
+        if self.starved_donor(obs, fs, b) is not None:
+            return self.shield_min_gain
         noise = fs.scaling.noise.get(b, 0.0)
         return max(self.shield_min_gain, min(self.shield_noise_k * noise, self.shield_max_gain))
 
@@ -703,6 +714,10 @@ class RLPolicyRunner:
             fs.drop_credit(name)
             return
         fs.shift_credit[name] = (math.ceil(op.slots * ratio - 1e-9), obs.t + self.shift_credit_s)
+        if self.donor_repair_s is not None:
+            fs.donor_told_slots.update({o.name: (o.slots, obs.t + self.donor_repair_s) for o in obs.ops
+                                        if o.name != name and o.name not in fs.shift_credit})
+            fs.donor_told_slots.pop(name, None)
         fs.shift_told_slots[name] = op.slots
         fs.shift_told_capacity[name] = op.capacity
         fs.shift_capacity_per_slot.pop(name, None)
@@ -712,6 +727,15 @@ class RLPolicyRunner:
             fs.shift_capacity_per_slot[name] = before / ratio
             implied = before / ratio * op.slots
             fs.shift_told_capacity[name] = implied if op.capacity is None else min(op.capacity, implied)
+
+    def starved_donor(self, obs: Observation, fs: FeatureState, name: str) -> int | None:
+        """The slots ``name`` had when another operator's cost rise was told, where it has fewer now and
+        ``donor_repair_s`` has not run out since (None: otherwise; ``donor_repair_s``)."""
+        told = fs.donor_told_slots.get(name)
+        if self.donor_repair_s is None or told is None or obs.t > told[1] or self.credited(obs, fs, name) is not None:
+            return None
+        slots = next((o.slots for o in obs.ops if o.name == name), None)
+        return told[0] if slots is not None and slots < told[0] else None
 
     def credited(self, obs: Observation, fs: FeatureState, name: str) -> int | None:
         """The slots ``name`` may grow to on a shift's credit now (None: none, its time is up, or it has
