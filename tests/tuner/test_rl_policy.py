@@ -265,6 +265,10 @@ def test_rl_holds_until_the_operators_it_moved_have_been_measured_again():
     # both measured, but too soon after the move to trust: hold
     both = [replace(o, measured=o.name in ("a", "b")) for o in obs.ops]
     assert policy.decide(replace(obs, since_change_s=0.5, ops=both), dict(new), specs, 12.0) is None
+    # by default two windows past the settle (3 s), not one: a move on the first window after the
+    # last delivered less, live (tuner/README.md, runs 67-68)
+    assert policy.min_evidence_s == 3.0
+    assert policy.decide(replace(obs, since_change_s=2.5, ops=both), dict(new), specs, 12.0) is None
     assert runner.calls == 1
     # every moved operator measured under its new slots: the net is asked again
     policy.decide(replace(obs, since_change_s=5.0, ops=both), dict(new), specs, 12.0)
@@ -349,7 +353,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3, "rl_idle_reads_busy_capacity": None,
             "rl_credit_reads_rise": False, "rl_flat_past_limit": None, "rl_busy_max_age_s": None,
             "rl_rise_read_until_idle_steps": None, "rl_shift_reads_busy_after_s": None,
-            "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 60}
+            "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 60,
+            "rl_donor_tie_band": 0.1}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -366,6 +371,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.credit_low_bar_s is None and plain.runner.credit_low_bar_s == 20.0
     assert with_options.runner.taken_back_s is None and plain.runner.taken_back_s == 30.0
     assert with_options.runner.donor_repair_s == 60.0 and plain.runner.donor_repair_s == RLPolicyRunner.donor_repair_s
+    assert with_options.runner.donor_tie_band == 0.1 and plain.runner.donor_tie_band is None
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -644,6 +650,40 @@ def test_with_donor_repair_s_a_donor_the_credit_took_slots_from_grows_back_on_th
     assert new is not None and 3 < new["a"] <= 6 and new["b"] < 8, (new, what)
     held, what = act(60.0, t=71.0)  # the repair's time is up
     assert held is None and "a move must clear 25%" in what, what
+
+
+def test_with_donor_tie_band_a_starved_donor_tied_with_a_bottleneck_at_its_limit_grows_back():
+    """d's cost per row doubled at 4 slots (told with a, b, c at 4, 4, 8); its credit took it to 8 and a to
+    2. c, the bottleneck, is at its measured limit of 8 slots (6,000/s) and a reads 6,400/s, within 10% of
+    it: the linear model predicts nothing for "+1 a" (c binds), so the net's hold stood (live,
+    contended_lookup 67c: the level 0.82-0.88 for 8 s, lookup, parse and pack tied). With
+    ``donor_tie_band`` a grows back a slot from b (20,000/s: clear of the tie); not where every donor would
+    fall into the tie, not once the repair's time is up, not without the option, nor with c below its
+    limit."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0), OpSpec("d", 1.0)]
+    told_alloc = {"a": 4, "b": 4, "c": 8, "d": 4}
+    told = _obs({"a": 12800.0, "b": 20000.0, "c": 6000.0, "d": 3500.0}, told_alloc, 3500.0)
+    alloc = {"a": 2, "b": 4, "c": 8, "d": 8}
+    caps = {"a": 6400.0, "b": 20000.0, "c": 6000.0, "d": 14000.0}
+
+    def act(band: float | None = 0.1, t: float = 20.0, now: dict | None = None, limit: int = 8):
+        runner = _AlwaysWants(0)  # the net holds
+        runner.donor_repair_s = 60.0
+        runner.donor_tie_band = band
+        fs = FeatureState(list(alloc))
+        fs.scaling.limit = lambda name: limit if name == "c" else None
+        runner.note_cost_shift(told, fs, "d", 2.0)
+        obs = _obs({**caps, **(now or {})}, alloc, 5600.0)
+        return runner.act(replace(obs, t=t), alloc, specs, 22.0, fs), runner
+
+    (new, what), runner = act()
+    assert new == {"a": 3, "b": 3, "c": 8, "d": 8}, what
+    assert "+1 a: tied with c, the bottleneck at its measured limit of 8 slots" in what, what
+    assert runner.stats["tied_donors"] == 1
+    for held_by in (dict(band=None), dict(t=81.0), dict(limit=9),
+                    dict(now={"b": 7000.0, "d": 7000.0})):  # any donor: into the tie (5,250 / 6,125)
+        (held, what), _ = act(**held_by)
+        assert held is None and what.startswith("hold"), (held_by, held, what)
 
 
 def test_a_shifts_credit_stands_in_for_the_steady_measurement_its_forgotten_curve_asked_for():

@@ -342,7 +342,8 @@ def test_rl_asks_a_move_for_more_gain_where_the_bottleneck_measures_noisily():
 #: rl's move-size options as they were before run 48 turned them on (tuner/README.md)
 BEFORE_RUN_48 = {"rl_noisy_max_repeat": None, "rl_delivered_max_age": None, "rl_slope_sized_growth": False,
                  "rl_sized_shield": False, "rl_above_min_readings": None,
-                 "rl_taken_back_s": None}  # run 66's: also holds a noisy operator where a move was taken back
+                 "rl_taken_back_s": None,  # run 66's: also holds a noisy operator where a move was taken back
+                 "rl_min_hold_s": 1.0}  # run 68's two windows between moves: less wandering to size away
 
 
 def _rl_share_with_noisy_counters(pipeline: str, op_noise: float, seeds: int, block_rows: float | None = None,
@@ -417,12 +418,14 @@ def test_rl_keeps_unpaid_steps_in_mind_only_where_the_pipeline_did_not_deliver_m
     more there) held rl at its starting allocation in one seed of four (0.35 of the optimum); cross-checked
     against the delivered samples/s it is no limit. Rates from the first rows on, as then: with rl's 6 s
     warm-up no such window is read (the counters alone: 0.986; tuner/README.md, run 20), nor kept with the
-    climb after it forgotten (``scaling_after_warmup_s``, off here: the counters alone 0.959)."""
+    climb after it forgotten (``scaling_after_warmup_s``, off here: the counters alone 0.959), nor with two
+    windows between moves (``rl_min_hold_s`` 2, run 68: the counters alone 0.986; 1 here, as then)."""
     monkeypatch.setattr(RLPolicyRunner, "measure_after_delivery_s", 0.0)
     monkeypatch.setattr(RLPolicyRunner, "scaling_after_warmup_s", 0.0)
-    checked = _rl_share_with_noisy_counters("wide_skewed", 0.2, 4)
+    one_window = {"rl_min_hold_s": 1.0}
+    checked = _rl_share_with_noisy_counters("wide_skewed", 0.2, 4, options=one_window)
     monkeypatch.setattr(RLPolicyRunner, "scaling_delivered_margin", None)
-    counters_only = _rl_share_with_noisy_counters("wide_skewed", 0.2, 4)
+    counters_only = _rl_share_with_noisy_counters("wide_skewed", 0.2, 4, options=one_window)
     assert checked >= 0.95, (checked, counters_only)
     assert checked > counters_only + 0.05, (checked, counters_only)
 

@@ -275,7 +275,7 @@ def fill_budget(
             capacities[best.name] = per_slot * out[best.name]
 
 
-def _scaled(capacities: Mapping[str, float | None], alloc: Mapping[str, int],
+def scaled_capacities(capacities: Mapping[str, float | None], alloc: Mapping[str, int],
             after: Mapping[str, int], limits: Mapping[str, int] | None = None) -> dict[str, float | None]:
     """Each measured capacity at ``after``'s slots, linear in slots from ``alloc``'s (``scaled_capacity``)."""
     limits = limits or {}
@@ -309,7 +309,7 @@ def grow_tied_pair(
     one = _grown(first, alloc, specs, budget, capacities, memory_bound, limits)
     if one is None:
         return None
-    both = _grown(second, one, specs, budget, _scaled(capacities, alloc, one, limits), memory_bound, limits)
+    both = _grown(second, one, specs, budget, scaled_capacities(capacities, alloc, one, limits), memory_bound, limits)
     if both is None or predicted_bottleneck(alloc, capacities, both, limits) < now * (1.0 + min_gain):
         return None
     return both, first, second
@@ -343,7 +343,8 @@ def grow_while_it_pays(
     most = min(alloc[name] + max_slots, 2 * alloc[name])
     while new[name] < most:
         # capacities at ``new`` (donor choice); the gain is the shield's test (vetoed_actions)
-        trial = _grown(name, new, specs, budget, _scaled(capacities, alloc, new, limits), memory_bound, limits)
+        scaled = scaled_capacities(capacities, alloc, new, limits)
+        trial = _grown(name, new, specs, budget, scaled, memory_bound, limits)
         if trial is None:
             break
         now = predicted_bottleneck(alloc, capacities, new, limits)
@@ -383,7 +384,7 @@ def grow_next_bottlenecks(
     best, best_chain = dict(grown), []
     best_rate = predicted_bottleneck(alloc, capacities, grown, limits)
     while len(chain) < max_slots and math.isfinite(best_rate):
-        scaled = _scaled(capacities, alloc, new, limits)
+        scaled = scaled_capacities(capacities, alloc, new, limits)
         known = [(c, n) for n, c in scaled.items() if c is not None and new.get(n, 0) > 0]
         if not known:
             break

@@ -26,6 +26,7 @@ from dlrm_platform.tuner.actions import (
     grow_while_it_pays,
     keep_slots,
     predicted_bottleneck,
+    scaled_capacities,
     vetoed_actions,
 )
 from dlrm_platform.tuner.features import BUSY_UTIL, FeatureState, featurize
@@ -278,6 +279,14 @@ class RLPolicyRunner:
     #: credit, taking parse 6 -> 3 and feature_cross 6 -> 3; parse then bound, and "+1 parse predicts +14%; a
     #: move must clear 25%" (its counters' noise) held it there for 10 s at 0.8 of the level (run 67a, 40.5 s)
     donor_repair_s: float | None = None
+    #: with ``donor_repair_s``, where the net holds and the bottleneck is at its measured limit, such a donor
+    #: reading within this fraction of the bottleneck grows back a slot toward its slots at the tell, from a
+    #: donor left clear of the tie (policy option ``rl_donor_tie_band``; None: off). The linear model predicts
+    #: nothing for it (the bottleneck binds), but operators tied in a line deliver less than the slowest one:
+    #: each waits on the others' slow windows. Live, contended_lookup's lookup held at its limit at ~6,000/s
+    #: with parse and pack (donors the credit took 4 -> 2 and 2 -> 1) at ~6,400: the level 0.82-0.88 for
+    #: 8 s until "+1 pack" took it to ~1.0 (run 67c, 32.0 s)
+    donor_tie_band: float | None = None
     #: while a pass still climbs (it has not held with every operator measured, nor moved back), a "+1"
     #: carries on to the operators that bound the pipeline after it, this many slots at most in all, each
     #: operator as far as a "+1" of its own would take it (``_most_slots``) and to double its slots at most
@@ -349,7 +358,7 @@ class RLPolicyRunner:
         # what the shield did to this runner's choices (ablation, benchmarks): ticks the net was
         # asked, and how many of its own choices (argmax over the plain mask) the shield vetoed
         self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0, "overridden": 0, "moved_back": 0,
-                      "undone": 0, "tied_pairs": 0}
+                      "undone": 0, "tied_pairs": 0, "tied_donors": 0}
 
     def register(self, key: str) -> str:
         """Make this in-memory policy loadable as ``policy_path=key`` (evaluation, tests)."""
@@ -513,6 +522,13 @@ class RLPolicyRunner:
                 fs.tick()
                 fs.note_action(alloc, new)
                 return new, f"+1 {first}, +1 {second}: tied at the bottleneck"
+        if a == 0 and (tied := self._tied_donor_back(obs, alloc, moving, budget, caps, limits, fs,
+                                                      memory_bound)) is not None:
+            new, what = tied
+            self.stats["tied_donors"] += 1
+            fs.tick()
+            fs.note_action(alloc, new)
+            return new, what
         # the net picks the operator; the measured rates say how many slots the move gives it
         most = self.max_repeat
         if 1 <= a <= min(K_MAX, len(specs)):
@@ -736,6 +752,34 @@ class RLPolicyRunner:
             return None
         slots = next((o.slots for o in obs.ops if o.name == name), None)
         return told[0] if slots is not None and slots < told[0] else None
+
+    def _tied_donor_back(self, obs: Observation, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
+                         caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState,
+                         memory_bound: bool) -> tuple[Allocation, str] | None:
+        """One slot back for a starved donor (``starved_donor``) reading within ``donor_tie_band`` of the
+        bottleneck held at its measured limit, slowest first, from donors that stay clear of the band; with
+        the move's reason. None where there is none."""
+        b = _least(caps)
+        if self.donor_tie_band is None or not b or b not in limits or alloc[b] < limits[b]:
+            return None
+        now = caps[b]
+        tie = now * (1.0 + self.donor_tie_band)
+        model = self._model_limits(limits, alloc, fs)
+        tied = sorted((c, n) for n, c in caps.items() if n != b and c is not None and c <= tie
+                      and not (n in limits and alloc[n] >= limits[n]) and self.starved_donor(obs, fs, n) is not None)
+        for c, name in tied:
+            k = next((i for i, s in enumerate(specs[:K_MAX]) if s.name == name), None)
+            new = alloc if k is None else apply_action(1 + k, alloc, specs, budget, caps, memory_bound, model)
+            if new == alloc:
+                continue
+            after = scaled_capacities(caps, alloc, new, model)
+            if any(new[n] < alloc[n] and cap is not None and cap <= tie for n, cap in after.items()):
+                continue  # a donor into the tie: the same stall elsewhere
+            told = self.starved_donor(obs, fs, name)
+            return new, (f"+1 {name}: tied with {b}, the bottleneck at its measured limit of {limits[b]} slots"
+                         f" ({c:,.0f} against {now:,.0f} samples/s), back toward the {told} slots it had when"
+                         f" the shift was told")
+        return None
 
     def credited(self, obs: Observation, fs: FeatureState, name: str) -> int | None:
         """The slots ``name`` may grow to on a shift's credit now (None: none, its time is up, or it has
