@@ -354,7 +354,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_credit_reads_rise": False, "rl_flat_past_limit": None, "rl_busy_max_age_s": None,
             "rl_rise_read_until_idle_steps": None, "rl_shift_reads_busy_after_s": None,
             "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 60,
-            "rl_donor_tie_band": 0.1}
+            "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -372,6 +372,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.taken_back_s is None and plain.runner.taken_back_s == 30.0
     assert with_options.runner.donor_repair_s == 60.0 and plain.runner.donor_repair_s == RLPolicyRunner.donor_repair_s
     assert with_options.runner.donor_tie_band == 0.1 and plain.runner.donor_tie_band is None
+    assert with_options.runner.taken_back_lift_ticks is None and plain.runner.taken_back_lift_ticks == 6
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -1035,6 +1036,29 @@ def test_a_move_taken_back_by_the_next_one_is_not_made_again_until_taken_back_s_
         assert not fs.taken_back
         new, what = act(fs, t=20.0)
         assert new is not None and new["b"] == 5, what
+
+
+def test_with_taken_back_lift_ticks_a_held_operator_binding_tick_after_tick_is_held_no_longer():
+    """b, held at 4 slots by a take-back (until 40 s), binds in every tick: with ``taken_back_lift_ticks``
+    3 the hold stands for two ticks and lifts on the third, when "+1 b" is made; a tick in which another
+    operator binds starts the count again (the two taking turns is what the hold is for); off, it stands."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 4, "c": 4}
+    b_binds = _obs({"a": 4000.0, "b": 500.0, "c": 2000.0}, alloc, 500.0)
+    a_binds = _obs({"a": 400.0, "b": 500.0, "c": 2000.0}, alloc, 400.0)
+
+    def ticks(binding: list, lift: int | None = 3):
+        runner = _AlwaysWants(2)  # "+1 b"
+        runner.max_repeat = 1
+        runner.taken_back_lift_ticks = lift
+        runner.hold_override_gain = None  # where a binds: a hold, not "+1 a"
+        fs = FeatureState(list(alloc))
+        fs.taken_back["b"] = (4, 40.0)
+        return [runner.act(replace(obs, t=20.0 + i), alloc, specs, 12.0, fs)[0] for i, obs in enumerate(binding)]
+
+    assert ticks([b_binds] * 3)[:2] == [None, None] and ticks([b_binds] * 3)[2]["b"] == 5
+    assert ticks([b_binds, b_binds, a_binds, b_binds, b_binds]) == [None] * 5
+    assert ticks([b_binds] * 5, lift=None) == [None] * 5
 
 
 def test_a_cost_shifts_tell_lifts_what_was_taken_back():

@@ -95,6 +95,8 @@ class FeatureState:
         #: operator -> (slots, until when): a move that grew it past those slots was taken back by the next
         #: move, and it is not grown past them again until then (``note_move``; rl's ``taken_back_s``)
         self.taken_back: dict[str, tuple[int, float]] = {}
+        #: operator -> ticks in a row it bound the pipeline while so held (``note_held_binding``)
+        self.held_binding_ticks: dict[str, int] = {}
 
     def note_move(self, t: float, before: Mapping[str, int], after: Mapping[str, int], hold_s: float | None,
                   within_s: float) -> None:
@@ -112,6 +114,20 @@ class FeatureState:
                 if d > 0:
                     self.taken_back[name] = (after[name], t + hold_s)
         self.last_move = (t, change)
+
+    def note_held_binding(self, t: float, bottleneck: str | None, lift_after: int | None) -> None:
+        """Count the ticks in a row each operator held by ``taken_back`` was the ``bottleneck``; from
+        ``lift_after`` in a row its hold lifts (None: never). The hold is for two operators taking turns to
+        bind, each move trading a slot between them; the held one binding alone, tick after tick, says the
+        take-back was wrong (live, storage_saturated's hash held at 4 slots, the bottleneck in every tick for
+        27 s at 0.75-0.85 of the level after its shift: tuner/README.md, run 68)."""
+        held = self.taken_back_limits(t)
+        self.held_binding_ticks = {n: self.held_binding_ticks.get(n, 0) + 1 for n in held if n == bottleneck}
+        if lift_after is None:
+            return
+        for name in [n for n, k in self.held_binding_ticks.items() if k >= lift_after]:
+            self.taken_back.pop(name, None)
+            self.held_binding_ticks.pop(name)
 
     def taken_back_limits(self, t: float) -> dict[str, int]:
         """The slots each operator whose growth was taken back (``note_move``) is held at until its time is up."""

@@ -744,6 +744,8 @@ class RLPolicy(Policy):
                           "rl_credit_measures_told_count": ("credit_measures_told_count", bool),
                           "rl_grown_keeps_steps": ("grown_keeps_steps", int),
                           "rl_taken_back_s": ("taken_back_s", lambda v: None if v is None else float(v)),
+                          "rl_taken_back_lift_ticks": ("taken_back_lift_ticks",
+                                                       lambda v: None if v is None else int(v)),
                           "rl_donor_repair_s": ("donor_repair_s", lambda v: None if v is None else float(v)),
                           "rl_donor_tie_band": ("donor_tie_band", lambda v: None if v is None else float(v)),
                           "rl_idle_reads_busy_capacity": ("idle_reads_busy_capacity",

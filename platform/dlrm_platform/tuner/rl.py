@@ -272,6 +272,14 @@ class RLPolicyRunner:
     #: identical; live (run 66) it held read at 2 slots for 21 s of dlrm_preprocessing's recovery
     taken_back_s: float | None = 30.0
     taken_back_within_s: float = 6.0
+    #: a held operator that is the bottleneck this many ticks in a row is held no longer
+    #: (``FeatureState.note_held_binding``; policy option ``rl_taken_back_lift_ticks``; None: never). Live, the
+    #: held operator bound alone for the rest of the hold after four shifts (storage_saturated 66e, 67d, 68a;
+    #: dlrm_preprocessing 68b: 42-45 s to recover, each); with 6, all ten shifts of 68c-68d had no such hold
+    #: (eight within 30 s, the two misses a late tell and a lookup's probe). Simulated: the suite 0.995x /
+    #: 1.007x of the share without it with / without warm-ups, held out 1.000x, shift recovery mean 2.96 s
+    #: against 3.08 (tuner/README.md, run 68)
+    taken_back_lift_ticks: int | None = 6
     #: for this many seconds after a cost shift's tell, an operator a move took below the slots it had at the
     #: tell, now the bottleneck, grows back toward them (not past) on ``shield_min_gain``, the bar the credit's
     #: own moves cleared (policy option ``rl_donor_repair_s``; None: off): what a move on the credit's low bar
@@ -285,7 +293,8 @@ class RLPolicyRunner:
     #: nothing for it (the bottleneck binds), but operators tied in a line deliver less than the slowest one:
     #: each waits on the others' slow windows. Live, contended_lookup's lookup held at its limit at ~6,000/s
     #: with parse and pack (donors the credit took 4 -> 2 and 2 -> 1) at ~6,400: the level 0.82-0.88 for
-    #: 8 s until "+1 pack" took it to ~1.0 (run 67c, 32.0 s)
+    #: 8 s until "+1 pack" took it to ~1.0 (run 67c, 32.0 s). Off: in its one live round (68b) it fired only in
+    #: dlrm_preprocessing, twice "+1 read" from truncate_history, which then bound and took the slot back
     donor_tie_band: float | None = None
     #: while a pass still climbs (it has not held with every operator measured, nor moved back), a "+1"
     #: carries on to the operators that bound the pipeline after it, this many slots at most in all, each
@@ -468,6 +477,7 @@ class RLPolicyRunner:
         for s in specs:  # a move that grew it was measured to deliver less end to end
             if (lim := fs.moves.limit(s.name, obs.t)) is not None:
                 limits[s.name] = min(limits.get(s.name, lim), lim)
+        fs.note_held_binding(obs.t, _least(caps) or None, self.taken_back_lift_ticks)
         for name, lim in fs.taken_back_limits(obs.t).items():  # a move that grew it was taken back
             limits[name] = min(limits.get(name, lim), lim)
         self._expire_credits(obs, fs)
