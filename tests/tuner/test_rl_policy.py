@@ -353,8 +353,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3, "rl_idle_reads_busy_capacity": None,
             "rl_credit_reads_rise": False, "rl_flat_past_limit": None, "rl_busy_max_age_s": None,
             "rl_rise_read_until_idle_steps": None, "rl_shift_reads_busy_after_s": None,
-            "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 60,
-            "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None}
+            "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 30,
+            "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None, "rl_limit_outlives_lower": None}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -370,9 +370,10 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.shift_busy_spread == 1.5 and plain.runner.shift_busy_spread == 1.3
     assert with_options.runner.credit_low_bar_s is None and plain.runner.credit_low_bar_s == 20.0
     assert with_options.runner.taken_back_s is None and plain.runner.taken_back_s == 30.0
-    assert with_options.runner.donor_repair_s == 60.0 and plain.runner.donor_repair_s == RLPolicyRunner.donor_repair_s
+    assert with_options.runner.donor_repair_s == 30.0 and plain.runner.donor_repair_s == 60.0
     assert with_options.runner.donor_tie_band == 0.1 and plain.runner.donor_tie_band is None
     assert with_options.runner.taken_back_lift_ticks is None and plain.runner.taken_back_lift_ticks == 6
+    assert with_options.fs.scaling.limit_outlives_lower is None and plain.fs.scaling.limit_outlives_lower == 2
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None

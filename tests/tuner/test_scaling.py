@@ -712,6 +712,39 @@ def test_only_a_limit_of_two_slots_or_more_expiring_below_the_operator_marks_it_
     assert not expire(4, 6, runs_at=4).released
 
 
+def test_with_limit_outlives_lower_a_limit_stands_past_its_lower_points_expiry_until_horizon_above():
+    """``limit_outlives_lower`` (rl's ``rl_limit_outlives_lower``): an operator running past a limit of a
+    step of that many slots or more never measures the lower count again, so its point expires after
+    ``horizon`` while the evidence above is kept ``horizon_above``. The limit stands on the lower point's
+    figure as last measured until ``horizon_above`` steps after it was found, and still goes where the
+    step then measures paid. A one-slot step (under 2) goes with its point, as without the option."""
+    def past(below: int, above: int, outlives: int | None) -> ScalingMemory:
+        mem = _hysteresis_memory(horizon=5, horizon_above=20, limit_outlives_lower=outlives)
+        _measure(mem, "a", below, 4000.0)
+        _measure(mem, "a", above, 4000.0)
+        assert mem.limit("a") == below
+        for _ in range(7):  # the lower point expires; the operator runs on at `above`
+            mem.record({"a": above}, {"a": 4000.0})
+            mem.limit("a")
+        assert below not in mem.curves["a"]
+        return mem
+
+    assert past(4, 6, outlives=None).limit("a") is None
+    assert past(4, 5, outlives=2).limit("a") is None  # a one-slot step
+    kept = past(4, 6, outlives=2)
+    assert kept.limit("a") == 4 and not kept.released
+    for _ in range(15):  # 20 steps after it was last found (step 8, the last with both points)
+        kept.record({"a": 6}, {"a": 4000.0})
+    assert kept.limit("a") == 4
+    kept.record({"a": 6}, {"a": 4000.0})  # 21: horizon_above passed
+    assert kept.limit("a") is None
+
+    paid = past(4, 6, outlives=2)
+    for _ in range(6):  # 6 slots now read ~5,100: 4 -> 6 paid by more than the hysteresis (line 4,500)
+        paid.record({"a": 6}, {"a": 5150.0})  # (under shift_tolerance: no cost shift rescaling 4's figure)
+    assert paid.limit("a") is None
+
+
 def test_with_delivered_max_age_only_points_measured_close_in_time_compare_their_delivered_rates():
     """Live (run 33, round 2), 4 lookup slots held their limit (5 did not pay) for 50 s while the
     pipeline's delivered rate drifted: 15% below what 5's one window had read, which freed the limit

@@ -823,6 +823,8 @@ class RLPolicy(Policy):
                                                                   self.runner.superlinear_tolerance, float),
                              above_min_readings=self._optional("rl_above_min_readings",
                                                                self.runner.above_min_readings, int),
+                             limit_outlives_lower=self._optional("rl_limit_outlives_lower",
+                                                                 self.runner.limit_outlives_lower, int),
                              cross_count_shift=self._optional(
                                  "rl_cross_count_shift",
                                  self.runner.cross_count_shift if self._judges_moves() else None, float))

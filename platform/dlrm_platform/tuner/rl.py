@@ -163,6 +163,14 @@ class RLPolicyRunner:
     #: (tuner/README.md, run 52): dlrm_preprocessing 11,205 / 11,430 against 11,475 / 11,250, contended_lookup
     #: 5,520 over 5 rounds against 5,460; simulated the suite 0.942 -> 0.946, held out 0.985 unchanged
     above_min_readings: int | None = 3
+    #: a held limit of a step of this many slots or more outlives its lower point while the operator runs
+    #: past it, until ``scaling_horizon_above`` (``ScalingMemory.limit_outlives_lower``; policy option
+    #: ``rl_limit_outlives_lower``; None: off). Live, the contended lookup at 8 past a limit at 6 (a step of 2)
+    #: lost the limit 30 steps after 6 was last measured and went +2 to 10 within a tick, past its peak, in 8 of
+    #: runs 66-68's contended shift runs (68f: the level 0.93 for 10 s, 32 s to recover). Simulated with 2:
+    #: identical but contended with the lookup's warm-up (1.005x); with 1, held out 0.993x (tuner/README.md,
+    #: run 69)
+    limit_outlives_lower: int | None = 2
     #: for this many seconds after an operator's cost per row was measured to rise (``tuner/cost_shift.py``,
     #: by the workers' own clocks), while it is the bottleneck and has fewer slots than its count then times
     #: the rise, a move that grows it need only clear ``shield_min_gain``, not its counters' noise: the
@@ -285,8 +293,10 @@ class RLPolicyRunner:
     #: own moves cleared (policy option ``rl_donor_repair_s``; None: off): what a move on the credit's low bar
     #: took, a move on the same bar gives back. Live, per_task_overhead's hash went 7 -> 14 slots in 7 s on its
     #: credit, taking parse 6 -> 3 and feature_cross 6 -> 3; parse then bound, and "+1 parse predicts +14%; a
-    #: move must clear 25%" (its counters' noise) held it there for 10 s at 0.8 of the level (run 67a, 40.5 s)
-    donor_repair_s: float | None = None
+    #: move must clear 25%" (its counters' noise) held it there for 10 s at 0.8 of the level (run 67a, 40.5 s).
+    #: per_task_overhead's three such misses with it off (67a, 68a, 69b: 40.5-49.5 s) against 19.0-25.5 s in its
+    #: three rounds on (67c, 67e, 68b); simulated identical to off (tuner/README.md, runs 67-69)
+    donor_repair_s: float | None = 60.0
     #: with ``donor_repair_s``, where the net holds and the bottleneck is at its measured limit, such a donor
     #: reading within this fraction of the bottleneck grows back a slot toward its slots at the tell, from a
     #: donor left clear of the tie (policy option ``rl_donor_tie_band``; None: off). The linear model predicts

@@ -85,7 +85,7 @@ class ScalingMemory:
                  limit_hysteresis: float | None = None, delivered_window_s: float | None = None,
                  delivered_max_age: int | None = None, cross_count_shift: float | None = None,
                  keep_expired_slope: bool = False, superlinear_tolerance: float | None = None,
-                 above_min_readings: int | None = None):
+                 above_min_readings: int | None = None, limit_outlives_lower: int | None = None):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements,
         #: smoothed samples/s the pipeline delivered while it was measured there, None where not given)
         self.curves: dict[str, dict[int, tuple[float, int, int, float | None]]] = {n: {} for n in names}
@@ -162,6 +162,14 @@ class ScalingMemory:
         #: started, then ~5,200 at 3: the limit "3" held it there, 100% busy with every other operator 10-60%
         #: busy, for the remaining 70 s (5,310 samples/s against plumber's 11,025; tuner/README.md, run 52)
         self.above_min_readings = above_min_readings
+        #: a held limit whose step spans this many slots or more outlives its lower point's expiry while the
+        #: operator runs at the step's top or past it: the point is judged by its figures when the limit was
+        #: last measured (``_still_holds``) until ``horizon_above`` steps (None: it goes with the point). An
+        #: operator past its limit does not measure the count below again, so its point expires after
+        #: ``horizon`` steps while the evidence above it is kept ``horizon_above``: live, the contended lookup
+        #: at 7-8 slots past a limit at 5-6 went +2 to +4 within a tick of that expiry, each time past its
+        #: peak, in 8 of runs 66-68's contended shift runs
+        self.limit_outlives_lower = limit_outlives_lower
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None],
@@ -180,6 +188,9 @@ class ScalingMemory:
             for old in [j for j, (_, t, n, _) in curve.items() if self.step - t > self._horizon(j, k, n)]:
                 del curve[old]
                 if (held := self.held.get(name)) is not None and old in (held.k, held.k2):
+                    if (self.limit_outlives_lower is not None and old == held.k and k >= held.k2
+                            and held.k2 - held.k >= self.limit_outlives_lower):
+                        continue  # judged by held.points until horizon_above (_still_holds)
                     # its evidence as old as the memory keeps any: kept on, a gradual cost shift held a
                     # simulated operator below its new optimum for the rest of the run
                     del self.held[name]
