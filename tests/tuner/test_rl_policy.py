@@ -354,7 +354,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_credit_reads_rise": False, "rl_flat_past_limit": None, "rl_busy_max_age_s": None,
             "rl_rise_read_until_idle_steps": None, "rl_shift_reads_busy_after_s": None,
             "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 30,
-            "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None, "rl_limit_outlives_lower": None}
+            "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None, "rl_limit_outlives_lower": None,
+            "rl_rise_floor_delivered_s": 4}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -374,6 +375,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.donor_tie_band == 0.1 and plain.runner.donor_tie_band is None
     assert with_options.runner.taken_back_lift_ticks is None and plain.runner.taken_back_lift_ticks == 6
     assert with_options.fs.scaling.limit_outlives_lower is None and plain.fs.scaling.limit_outlives_lower == 2
+    assert with_options.runner.rise_floor_delivered_s == 4.0
+    assert plain.runner.rise_floor_delivered_s == RLPolicyRunner.rise_floor_delivered_s
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -919,6 +922,48 @@ def test_a_shifted_operator_reads_at_its_busy_readings_from_shift_reads_busy_aft
                    {"readings_at": since, "option": None}):
         new, what = act(**kwargs)
         assert new is None or new["c"] == 5, (kwargs, new, what)
+
+
+def test_with_rise_floor_delivered_s_a_shifted_operator_reads_no_less_than_the_pipeline_delivered_through_it():
+    """b's cost per row doubled at 8 slots, told at t=10; its busy readings before had two modes (a few long
+    tasks finish in a window) and their median was the low one, 1,325/s a slot: on the rise (x2) b reads 663/s
+    a slot, 7,950 at the 12 slots the credit took it to (credit: up to 16), while the pipeline delivered
+    13,500/s through those 12 slots (live, per_task_overhead's hash, run 69d). With ``rise_floor_delivered_s``
+    b reads at no less than that once the windows since the later of the tell and its last change of slots
+    span 5 s: a slot more for b, from a (14,000 at 3) or c (13,800 at 4), pays nothing, and the net's "+1 b" is
+    vetoed. Not with 4 s of such windows (the 20,000/s delivered at 8 slots before the tell does not count), nor
+    with the option off."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    told_alloc = {"a": 5, "b": 8, "c": 6}
+    told = _obs({"a": 18000.0, "b": 10600.0, "c": 18000.0}, told_alloc, 10600.0)
+    alloc = {"a": 3, "b": 12, "c": 4}
+    busy = {"a": 1.0, "b": 1.0, "c": 1.0}
+
+    def act(after: list[float], option: float | None = 5.0):
+        runner = _AlwaysWants(2)  # "+1 b"
+        runner.scaling_margin = None  # the shield alone
+        runner.hold_override_gain = None
+        runner.rise_floor_delivered_s = option
+        fs = FeatureState(list(alloc))
+        for t in (5.0, 6.0, 7.0, 8.0, 9.0, 10.0):  # before and at the tell, at 8 slots
+            fs.note_delivered(replace(told, t=t, window_s=1.0, throughput=20000.0), told_alloc)
+        fs.busy_capacity_per_slot["b"] = 1325.0
+        runner.note_cost_shift(replace(told, t=10.0), fs, "b", 2.0)
+        assert runner.credited(told, fs, "b") == 16 and fs.shift_capacity_per_slot["b"] == 662.5
+        for t in after:  # the credit's move took b to 12 at t=10: the tick at t=11 is the first at 12
+            fs.note_delivered(replace(_obs({"a": 14000.0, "b": 16000.0, "c": 13800.0}, alloc, 13500.0, util=busy),
+                                      t=t, window_s=1.0), alloc)
+        now = replace(_obs({"a": 14000.0, "b": 16000.0, "c": 13800.0}, alloc, 13500.0, util=busy), t=after[-1] + 1.0)
+        return runner, runner.act(now, alloc, specs, 19.0, fs)
+
+    runner, (new, what) = act([11.0, 12.0, 13.0, 14.0, 15.0, 16.0])  # windows from 12 on: 11-16, 5 s
+    assert new is None and "+1 b, the bottleneck, predicts" in what, (new, what)
+    assert runner.stats["rise_floored"] == 1
+    for kwargs in ({"after": [11.0, 12.0, 13.0, 14.0, 15.0]}, {"after": [11.0, 12.0, 13.0, 14.0, 15.0, 16.0],
+                                                                "option": None}):
+        runner, (new, what) = act(**kwargs)
+        assert new is not None and new["b"] > 12, (kwargs, new, what)
+        assert runner.stats["rise_floored"] == 0
 
 
 def test_the_busy_capacity_per_slot_is_noted_only_from_busy_readings_at_a_count_held_a_few_steps():

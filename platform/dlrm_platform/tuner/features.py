@@ -13,6 +13,7 @@ features, then the ``N_ACTIONS`` action mask (1 = allowed).
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -36,6 +37,9 @@ GLOBAL_FEATURES = (
     "recently_acted", "num_ops", "data_wait",
 )
 
+
+#: ticks of delivered throughput ``FeatureState`` keeps (``note_delivered``): a minute and more at ~1 s a tick
+DELIVERED_TICKS = 90
 
 #: a reading of an operator whose slots were at least this share busy is a busy reading
 #: (``FeatureState.note_busy_capacity``; rl's ``idle_reads_busy_capacity`` and ``credit_reads_rise``)
@@ -97,6 +101,11 @@ class FeatureState:
         self.taken_back: dict[str, tuple[int, float]] = {}
         #: operator -> ticks in a row it bound the pipeline while so held (``note_held_binding``)
         self.held_binding_ticks: dict[str, int] = {}
+        #: (tick, samples/s delivered over its window, the window's seconds), the last ``DELIVERED_TICKS``
+        #: (``note_delivered``; rl's ``rise_floor_delivered_s``)
+        self.delivered: deque[tuple[float, float, float]] = deque(maxlen=DELIVERED_TICKS)
+        #: operator -> (its slots, the first tick it was seen at them) (``note_delivered``)
+        self.slots_since: dict[str, tuple[int, float]] = {}
 
     def note_move(self, t: float, before: Mapping[str, int], after: Mapping[str, int], hold_s: float | None,
                   within_s: float) -> None:
@@ -170,6 +179,21 @@ class FeatureState:
         if len(recent) < readings or max(recent) > spread * min(recent):
             return None
         return float(np.median(recent))
+
+    def note_delivered(self, obs: Observation, alloc: Mapping[str, int]) -> None:
+        """What the pipeline delivered over this tick's window, and since when each operator has its slots."""
+        self.delivered.append((obs.t, max(float(obs.throughput), 0.0), max(float(obs.window_s), 0.0)))
+        for name, k in alloc.items():
+            if self.slots_since.get(name, (None, 0.0))[0] != k:
+                self.slots_since[name] = (k, obs.t)
+
+    def delivered_since(self, since: float, min_span_s: float) -> float | None:
+        """The samples/s the pipeline delivered over the windows of the ticks that began at ``since`` or
+        later, each weighted by its length (None: together they span less than ``min_span_s`` seconds)."""
+        windows = [(t, thr, w) for t, thr, w in self.delivered if w > 0.0 and t - w >= since - 1e-9]
+        if not windows or windows[-1][0] - min(t - w for t, _, w in windows) < min_span_s:
+            return None
+        return sum(thr * w for _, thr, w in windows) / sum(w for _, _, w in windows)
 
     def note_idle(self, obs: Observation, max_util: float) -> None:
         """Count, per operator, the ticks in a row its slots read less than ``max_util`` busy."""

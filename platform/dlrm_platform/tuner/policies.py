@@ -756,6 +756,8 @@ class RLPolicy(Policy):
                           "rl_shift_reads_busy_after_s": ("shift_reads_busy_after_s",
                                                           lambda v: None if v is None else float(v)),
                           "rl_shift_busy_spread": ("shift_busy_spread", float),
+                          "rl_rise_floor_delivered_s": ("rise_floor_delivered_s",
+                                                        lambda v: None if v is None else float(v)),
                           "rl_scaling_after_warmup_s": ("scaling_after_warmup_s", float),
                           "rl_waited_on_alpha": ("waited_on_alpha", lambda v: None if v is None else float(v)),
                           "rl_sized_shield_others_util": ("sized_shield_others_util",
@@ -865,6 +867,7 @@ class RLPolicy(Policy):
 
     def decide(self, obs, alloc, specs, budget):
         self._note_cost_shifts(obs)
+        self.fs.note_delivered(obs, alloc)  # every tick, held or not
         if self.runner.waited_on_alpha is not None:
             self.fs.note_util(obs, self.runner.waited_on_alpha)  # every tick, held or not
         # busy readings count from where the scaling memory's do (``scaling_after_warmup_s``): on the ramp

@@ -260,6 +260,17 @@ class RLPolicyRunner:
     #: 0.46-2.87x the later figure in its first three)
     shift_reads_busy_after_s: float | None = 10.0
     shift_busy_readings: int = 5  # at most the five ``FeatureState.note_busy_capacity`` keeps
+    #: ... and at no less than the samples/s the pipeline delivered over the windows since the later of the tell
+    #: and the operator's last change of slots, once they span this many seconds (policy option
+    #: ``rl_rise_floor_delivered_s``; None: off): the sink does not outrun any operator, and a figure below what
+    #: the pipeline delivered through it is wrong, not noisy. Where a few long tasks finish in a window, the
+    #: busy readings before the shift that the rise scales read in two modes, and their median can be the low
+    #: one: live, per_task_overhead's hash read 10,600 and 21,000 at 8 slots, the pipeline delivered ~20,000; its
+    #: rise (x1.99) put it at ~8,000 at 12 slots while the pipeline delivered ~13,500 through them, and the
+    #: credit took it to 15 slots from feature_cross, which then bound at 6,800 (run 69d, 33.0 s). Off: simulated
+    #: identical to off in every figure; live with 5 (runs 70b-70d) 12 of 15 shifts within 30 s against 18 of 20
+    #: at the defaults (69c-70a), its misses not its doing (tuner/README.md, run 70)
+    rise_floor_delivered_s: float | None = None
     shift_busy_spread: float = 1.3
     #: an operator a move grew gives none of its slots to another operator's move for this many steps (policy
     #: option ``rl_grown_keeps_steps``; 0: off): what a move gave, the next one took back on one window's
@@ -377,7 +388,8 @@ class RLPolicyRunner:
         # what the shield did to this runner's choices (ablation, benchmarks): ticks the net was
         # asked, and how many of its own choices (argmax over the plain mask) the shield vetoed
         self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0, "overridden": 0, "moved_back": 0,
-                      "undone": 0, "tied_pairs": 0, "tied_donors": 0}
+                      "undone": 0, "tied_pairs": 0, "tied_donors": 0,
+                      "rise_floored": 0}
 
     def register(self, key: str) -> str:
         """Make this in-memory policy loadable as ``policy_path=key`` (evaluation, tests)."""
@@ -482,8 +494,9 @@ class RLPolicyRunner:
                 caps = self._capped_per_slot(obs, caps, fs.busy_capacity_per_slot,
                                              lambda o: o.util < self.idle_reads_busy_capacity)
             # on its credit, at no more than the capacity per slot its rise implies (``credit_reads_rise``)
-            caps = self._capped_per_slot(obs, caps, self._shift_per_slot(obs, fs),
-                                         lambda o: self._reads_rise(obs, alloc, fs, o.name))
+            risen = self._capped_per_slot(obs, caps, self._shift_per_slot(obs, fs),
+                                          lambda o: self._reads_rise(obs, alloc, fs, o.name))
+            caps = self._floored_by_delivered(caps, risen, fs)
         for s in specs:  # a move that grew it was measured to deliver less end to end
             if (lim := fs.moves.limit(s.name, obs.t)) is not None:
                 limits[s.name] = min(limits.get(s.name, lim), lim)
@@ -826,6 +839,24 @@ class RLPolicyRunner:
                                                        self.shift_busy_readings, self.shift_busy_spread)
             if measured is not None:
                 out[name] = measured
+        return out
+
+    def _floored_by_delivered(self, caps: dict[str, float | None], risen: dict[str, float | None],
+                              fs: FeatureState) -> dict[str, float | None]:
+        """``risen`` (``caps`` with the operators on their rise read at its figure) with each such operator at
+        no less than what the pipeline delivered since the later of its tell and its last change of slots,
+        where that spans ``rise_floor_delivered_s``, and at no more than ``caps`` (``rise_floor_delivered_s``)."""
+        if self.rise_floor_delivered_s is None:
+            return risen
+        out = dict(risen)
+        for name, cap in risen.items():
+            if cap is None or caps.get(name) is None or cap >= caps[name] or name not in fs.shift_told_t:
+                continue
+            since = max(fs.shift_told_t[name], fs.slots_since.get(name, (None, -math.inf))[1])
+            delivered = fs.delivered_since(since, self.rise_floor_delivered_s)
+            if delivered is not None and delivered > cap:
+                out[name] = min(delivered, caps[name])
+                self.stats["rise_floored"] += 1
         return out
 
     def _reads_rise(self, obs: Observation, alloc: Allocation, fs: FeatureState, name: str) -> bool:
