@@ -260,6 +260,7 @@ class RLPolicyRunner:
     #: 0.46-2.87x the later figure in its first three)
     shift_reads_busy_after_s: float | None = 10.0
     shift_busy_readings: int = 5  # at most the five ``FeatureState.note_busy_capacity`` keeps
+    shift_busy_spread: float = 1.3
     #: ... and at no less than the samples/s the pipeline delivered over the windows since the later of the tell
     #: and the operator's last change of slots, once they span this many seconds (policy option
     #: ``rl_rise_floor_delivered_s``; None: off): the sink does not outrun any operator, and a figure below what
@@ -267,11 +268,10 @@ class RLPolicyRunner:
     #: busy readings before the shift that the rise scales read in two modes, and their median can be the low
     #: one: live, per_task_overhead's hash read 10,600 and 21,000 at 8 slots, the pipeline delivered ~20,000; its
     #: rise (x1.99) put it at ~8,000 at 12 slots while the pipeline delivered ~13,500 through them, and the
-    #: credit took it to 15 slots from feature_cross, which then bound at 6,800 (run 69d, 33.0 s). Off: simulated
-    #: identical to off in every figure; live with 5 (runs 70b-70d) 12 of 15 shifts within 30 s against 18 of 20
-    #: at the defaults (69c-70a), its misses not its doing (tuner/README.md, run 70)
+    #: credit took it to 15 slots from feature_cross, which then bound at 6,800 (run 69d, 33.0 s). Off by
+    #: default: simulated identical to off in every figure; live with 5 (runs 70b-70d) 12 of 15 shifts within
+    #: 30 s against 18 of 20 at the defaults (69c-70a), its misses not its doing (tuner/README.md, run 70)
     rise_floor_delivered_s: float | None = None
-    shift_busy_spread: float = 1.3
     #: an operator a move grew gives none of its slots to another operator's move for this many steps (policy
     #: option ``rl_grown_keeps_steps``; 0: off): what a move gave, the next one took back on one window's
     #: reading before the first had been measured (live, wide_skewed's hash: +1, then -1 for feature_cross
