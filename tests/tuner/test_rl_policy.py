@@ -355,7 +355,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_rise_read_until_idle_steps": None, "rl_shift_reads_busy_after_s": None,
             "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 30,
             "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None, "rl_limit_outlives_lower": None,
-            "rl_rise_floor_delivered_s": 4}
+            "rl_rise_floor_delivered_s": 4, "rl_busy_floor_delivered_s": None}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -377,6 +377,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.fs.scaling.limit_outlives_lower is None and plain.fs.scaling.limit_outlives_lower == 2
     assert with_options.runner.rise_floor_delivered_s == 4.0
     assert plain.runner.rise_floor_delivered_s == RLPolicyRunner.rise_floor_delivered_s
+    assert with_options.runner.busy_floor_delivered_s is None and plain.runner.busy_floor_delivered_s == 10.0
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -989,6 +990,72 @@ def test_the_busy_capacity_per_slot_is_noted_only_from_busy_readings_at_a_count_
     assert fs.busy_capacity_per_slot["a"] == 950.0
     fs.forget_busy_capacity("a")
     assert "a" not in fs.busy_capacity_per_slot and "a" not in fs.busy_readings
+
+
+def test_with_floor_min_span_s_a_busy_reading_is_at_no_less_than_the_pipeline_delivered_a_slot():
+    """Live, per_task_overhead's hash at 12 slots, 100% busy, read 19,658 / 17,398 / 3,336 / 2,257 samples/s
+    while ~13,600 was delivered through it (a few 6 s tasks finish in a window, or none): with
+    ``floor_min_span_s`` a reading counts at no less than the delivered samples/s a slot over the windows since
+    the later of the operator's last change of slots and the last cost shift told, once they span that long.
+    Not over shorter windows, not over windows from before the slots changed or before the shift, not off."""
+    alloc = {"hash": 12, "pack": 2}
+    caps = [19658.0, 17398.0, 3336.0, 2257.0, 19000.0]
+
+    def readings(span: float | None, delivered_from: float = 0.0, shift_t: float | None = None,
+                 moved_at: float | None = None) -> tuple[list[float], int]:
+        fs = FeatureState(list(alloc))
+        floored = 0
+        for t in range(1, 26):
+            now = {"hash": 10, "pack": 2} if moved_at is not None and t < moved_at else alloc
+            thr = 30000.0 if t < delivered_from else 13600.0
+            obs = replace(_obs({"hash": 13600.0, "pack": 14000.0}, now, thr, util={"hash": 1.0, "pack": 0.5}),
+                          t=float(t), window_s=1.0)
+            fs.note_delivered(obs, now)
+            if shift_t is not None and t == shift_t:
+                fs.cost_shift_t = float(t)
+            fs.steps_since_change = {"hash": 3, "pack": 3}
+            if t >= 21:  # the five readings, 3,336 and 2,257 among them
+                obs = replace(_obs({"hash": caps[t - 21], "pack": 14000.0}, alloc, thr,
+                                   util={"hash": 1.0, "pack": 0.5}), t=float(t), window_s=1.0)
+                floored += fs.note_busy_capacity(obs, 0.8, 3, floor_min_span_s=span)
+        return [v for _, v in fs.busy_readings["hash"]], floored
+
+    floor = 13600.0 / 12
+    got, floored = readings(10.0)
+    assert floored == 2 and got == [19658.0 / 12, 17398.0 / 12, floor, floor, 19000.0 / 12]
+    assert readings(None) == ([c / 12 for c in caps], 0)  # off: as read
+    assert readings(30.0)[1] == 0  # 25 ticks of windows span less than 30 s
+    # the windows before the shift told (30,000/s at the cost before) floor nothing after it: told at t=15,
+    # the windows since span 10 s from t=25 (its 19,000 stands); told at t=14, from t=24 (2,257 floored)
+    got, floored = readings(10.0, delivered_from=15.0, shift_t=15.0)
+    assert floored == 0 and got[-1] == 19000.0 / 12
+    got, floored = readings(10.0, delivered_from=15.0, shift_t=14.0)
+    assert floored == 1 and got[3] == floor
+    # slots changed at t=20: the windows since span 5 s at most, however much was delivered at 10 slots
+    assert readings(3.0, moved_at=20.0)[1] == 2 and readings(10.0, moved_at=20.0)[1] == 0
+
+
+def test_rl_busy_floor_delivered_s_floors_the_policys_busy_readings_and_a_shift_told_restarts_the_windows():
+    """The policy option reaches the readings ``RLPolicy.decide`` notes, counted in the runner's stats; a cost
+    shift told restarts the windows that floor them."""
+    from dlrm_platform.tuner.policies import RLPolicy
+
+    specs = [OpSpec("a", 1.0, initial=2), OpSpec("b", 1.0, initial=2)]
+    both = {"a": 2, "b": 2}
+    policy = RLPolicy(TunerSpec("rl-floor", "rl", 8.0, specs, options={"rl_busy_floor_delivered_s": 10.0}))
+    low = _obs({"a": 1800.0, "b": 9000.0}, both, 4000.0, util={"a": 1.0, "b": 0.3})  # 4,000/s through a
+    before = policy.runner.stats["busy_floored"]  # the stats are the loaded runner's, shared per process
+    for t in range(1, 13):
+        policy.fs.steps_since_change.update({"a": 5, "b": 5})
+        policy.decide(replace(low, t=float(t), window_s=1.0), dict(both), specs, 8.0)
+    # at 900/s a slot as read until the windows since t=1 (the first tick at 2 slots) span 10 s, then at 2,000
+    assert policy.fs.busy_readings["a"] == [(8.0, 900.0), (9.0, 900.0), (10.0, 900.0), (11.0, 2000.0), (12.0, 2000.0)]
+    assert policy.runner.stats["busy_floored"] - before == 2
+    told = replace(low, t=13.0, window_s=1.0, extra={**low.extra, "cost_shifts": {"b": 1.5}})
+    policy.fs.steps_since_change.update({"a": 5, "b": 5})
+    policy.decide(told, dict(both), specs, 8.0)
+    assert policy.fs.cost_shift_t == 13.0 and policy.fs.busy_readings["a"][-1] == (13.0, 900.0)
+    assert policy.runner.stats["busy_floored"] - before == 2
 
 
 def test_a_busy_reading_counts_for_max_age_s_and_not_on_the_climb_after_the_warm_up():

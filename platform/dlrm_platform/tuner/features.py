@@ -106,6 +106,9 @@ class FeatureState:
         self.delivered: deque[tuple[float, float, float]] = deque(maxlen=DELIVERED_TICKS)
         #: operator -> (its slots, the first tick it was seen at them) (``note_delivered``)
         self.slots_since: dict[str, tuple[int, float]] = {}
+        #: when a cost shift was last told: what was delivered before it floors no busy reading after
+        #: (``note_busy_capacity``'s ``floor_min_span_s``)
+        self.cost_shift_t: float = -math.inf
 
     def note_move(self, t: float, before: Mapping[str, int], after: Mapping[str, int], hold_s: float | None,
                   within_s: float) -> None:
@@ -149,18 +152,30 @@ class FeatureState:
             self.util[o.name] = o.util if old is None else (1.0 - alpha) * old + alpha * o.util
 
     def note_busy_capacity(self, obs: Observation, min_util: float, min_steps: int, readings: int = 5,
-                           max_age_s: float | None = None) -> None:
+                           max_age_s: float | None = None, floor_min_span_s: float | None = None) -> int:
         """Each operator's capacity per slot as the median of its last ``readings`` readings taken with its
         slots at least ``min_util`` busy and unchanged for ``min_steps`` steps (rl's ``idle_reads_busy_capacity``):
         a busy window reads high now and then too (live, per_task_overhead's parse 56,379 samples/s at 6
         slots, 100% busy, between readings of 16,000), and a mean would carry it for ticks. A reading counts
-        ``max_age_s`` seconds (None: until five newer ones replace it); an operator with none left has no figure."""
+        ``max_age_s`` seconds (None: until five newer ones replace it); an operator with none left has no figure.
+        With ``floor_min_span_s``, a reading is at no less than what the pipeline delivered a slot over the
+        windows since the later of the operator's last change of slots and the last cost shift told, where they
+        span that many seconds (``delivered_since``): every row delivered went through it. Returns how many
+        readings that floor raised."""
+        floored = 0
         for o in obs.ops:
             if (o.completed or not o.measured or o.capacity is None or o.slots <= 0 or o.util < min_util
                     or self.steps_since_change.get(o.name, 0) < min_steps):
                 continue
+            per_slot = o.capacity / o.slots
+            if floor_min_span_s is not None:
+                since = max(self.slots_since.get(o.name, (None, math.inf))[1], self.cost_shift_t)
+                delivered = self.delivered_since(since, floor_min_span_s)
+                if delivered is not None and delivered / o.slots > per_slot:
+                    per_slot = delivered / o.slots
+                    floored += 1
             last = self.busy_readings.setdefault(o.name, [])
-            last.append((obs.t, o.capacity / o.slots))
+            last.append((obs.t, per_slot))
             del last[:-readings]
         for name, last in self.busy_readings.items():
             if max_age_s is not None:
@@ -169,6 +184,7 @@ class FeatureState:
                 self.busy_capacity_per_slot[name] = float(np.median([v for _, v in last]))
             else:
                 self.busy_capacity_per_slot.pop(name, None)
+        return floored
 
     def busy_capacity_per_slot_since(self, name: str, since: float, readings: int,
                                      spread: float) -> float | None:

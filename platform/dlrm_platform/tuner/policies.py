@@ -758,6 +758,8 @@ class RLPolicy(Policy):
                           "rl_shift_busy_spread": ("shift_busy_spread", float),
                           "rl_rise_floor_delivered_s": ("rise_floor_delivered_s",
                                                         lambda v: None if v is None else float(v)),
+                          "rl_busy_floor_delivered_s": ("busy_floor_delivered_s",
+                                                        lambda v: None if v is None else float(v)),
                           "rl_scaling_after_warmup_s": ("scaling_after_warmup_s", float),
                           "rl_waited_on_alpha": ("waited_on_alpha", lambda v: None if v is None else float(v)),
                           "rl_sized_shield_others_util": ("sized_shield_others_util",
@@ -855,6 +857,7 @@ class RLPolicy(Policy):
         curve has a point again, and it may grow back on the shift's credit (``RLPolicyRunner.note_cost_shift``)."""
         if obs.extra.get("cost_shifts"):
             self.fs.taken_back.clear()  # measured at the costs before
+            self.fs.cost_shift_t = obs.t  # what was delivered before floors no busy reading after
         for name, ratio in (obs.extra.get("cost_shifts") or {}).items():
             self.rates.rescale(name, ratio)
             self.fs.scaling.forget(name)
@@ -876,7 +879,9 @@ class RLPolicy(Policy):
                     and obs.t - self.fs.warming_up_t < self.runner.scaling_after_warmup_s)
         busy_util = self.runner.idle_reads_busy_capacity or BUSY_UTIL
         if (self.runner.idle_reads_busy_capacity is not None or self.runner.credit_reads_rise) and not climbing:
-            self.fs.note_busy_capacity(obs, busy_util, self.runner.steady_steps, max_age_s=self.runner.busy_max_age_s)
+            self.runner.stats["busy_floored"] += self.fs.note_busy_capacity(
+                obs, busy_util, self.runner.steady_steps, max_age_s=self.runner.busy_max_age_s,
+                floor_min_span_s=self.runner.busy_floor_delivered_s)
         if self.runner.rise_read_until_idle_steps is not None:
             self.fs.note_idle(obs, busy_util)
         if self.judge_moves and self.fs.scaling.cross_shifts != self.shifts_seen:

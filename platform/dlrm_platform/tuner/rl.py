@@ -272,6 +272,17 @@ class RLPolicyRunner:
     #: default: simulated identical to off in every figure; live with 5 (runs 70b-70d) 12 of 15 shifts within
     #: 30 s against 18 of 20 at the defaults (69c-70a), its misses not its doing (tuner/README.md, run 70)
     rise_floor_delivered_s: float | None = None
+    #: each busy reading (``FeatureState.note_busy_capacity``, the figure idle operators on a credit and a
+    #: shifted operator's rise are read at) at no less than the samples/s a slot the pipeline delivered over
+    #: the windows since the later of the operator's last change of slots and the last shift told, once they
+    #: span this many seconds (policy option ``rl_busy_floor_delivered_s``; None: off). An operator whose
+    #: tasks run seconds reads, busy, in modes as a few of them finish in a window or none: live,
+    #: per_task_overhead's hash at 12 slots, 100% busy, read 19,658 / 17,398 / 3,336 / 2,257 while ~13,600 was
+    #: delivered through it; at 16 slots and 0-9% busy it then read as the bottleneck on paper, and the
+    #: starved donor's repair, which needs the donor to bind on paper, never came (run 70d, 44.0 s). On by
+    #: default since run 71: simulated identical to off (the simulator's readings have no such modes); live
+    #: with 10 s (71a-71c) 15 of 15 shifts within 30 s, 5.5-20.5 s but for one of 26.0 s (tuner/README.md, run 71)
+    busy_floor_delivered_s: float | None = 10.0
     #: an operator a move grew gives none of its slots to another operator's move for this many steps (policy
     #: option ``rl_grown_keeps_steps``; 0: off): what a move gave, the next one took back on one window's
     #: reading before the first had been measured (live, wide_skewed's hash: +1, then -1 for feature_cross
@@ -389,7 +400,7 @@ class RLPolicyRunner:
         # asked, and how many of its own choices (argmax over the plain mask) the shield vetoed
         self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0, "overridden": 0, "moved_back": 0,
                       "undone": 0, "tied_pairs": 0, "tied_donors": 0,
-                      "rise_floored": 0}
+                      "rise_floored": 0, "busy_floored": 0}
 
     def register(self, key: str) -> str:
         """Make this in-memory policy loadable as ``policy_path=key`` (evaluation, tests)."""
