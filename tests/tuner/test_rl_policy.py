@@ -355,7 +355,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_rise_read_until_idle_steps": None, "rl_shift_reads_busy_after_s": None,
             "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 30,
             "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None, "rl_limit_outlives_lower": None,
-            "rl_rise_floor_delivered_s": 4, "rl_busy_floor_delivered_s": None}
+            "rl_rise_floor_delivered_s": 4, "rl_busy_floor_delivered_s": None, "rl_donor_keeps_told_after_s": 10}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -378,6 +378,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.rise_floor_delivered_s == 4.0
     assert plain.runner.rise_floor_delivered_s == RLPolicyRunner.rise_floor_delivered_s
     assert with_options.runner.busy_floor_delivered_s is None and plain.runner.busy_floor_delivered_s == 10.0
+    assert with_options.runner.donor_keeps_told_after_s == 10.0 and plain.runner.donor_keeps_told_after_s is None
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -656,6 +657,37 @@ def test_with_donor_repair_s_a_donor_the_credit_took_slots_from_grows_back_on_th
     assert new is not None and 3 < new["a"] <= 6 and new["b"] < 8, (new, what)
     held, what = act(60.0, t=71.0)  # the repair's time is up
     assert held is None and "a move must clear 25%" in what, what
+
+
+def test_with_donor_keeps_told_after_s_no_move_takes_a_donor_below_its_slots_at_the_tell():
+    """b's cost per row doubled at 4 slots (told at 10 s with a, c, d at 4, 4, 2); its credit took it to 8
+    and c to 2. d now binds and the net's "+1 d" takes slots from a, the donor with the most to spare,
+    below the 4 it had at the tell (live, wide_skewed 71d: "+1 truncate_history" took pack 2 -> 1 again after
+    the repair had given it back). With ``donor_keeps_told_after_s`` 10, from 10 s after the tell until the
+    repair's time is up, a and c keep their slots at the tell (c, below them, keeps what it has) and the
+    slots come from b; not sooner (the credit's own moves), not after, not with the option off."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0), OpSpec("d", 1.0)]
+    told_alloc = {"a": 4, "b": 4, "c": 4, "d": 2}
+    told = _obs({"a": 8000.0, "b": 1500.0, "c": 6000.0, "d": 3000.0}, told_alloc, 1500.0)
+    alloc = {"a": 4, "b": 8, "c": 2, "d": 2}
+    obs = _obs({"a": 8000.0, "b": 6000.0, "c": 5000.0, "d": 1500.0}, alloc, 1500.0,
+               util={"a": 0.5, "b": 0.7, "c": 0.6, "d": 1.0})
+
+    def act(keep_after_s: float | None, t: float = 25.0):
+        runner = _AlwaysWants(4)  # "+1 d"
+        runner.scaling_margin = None  # the shield alone
+        runner.hold_override_gain = None
+        runner.donor_keeps_told_after_s = keep_after_s
+        fs = FeatureState(list(alloc))
+        runner.note_cost_shift(replace(told, t=10.0), fs, "b", 2.0)
+        new, what = runner.act(replace(obs, t=t), alloc, specs, 16.0, fs)
+        assert new is not None and new["d"] > 2, (new, what)
+        return new
+
+    assert act(None)["a"] < 4
+    kept = act(10.0)
+    assert kept["a"] == 4 and kept["c"] == 2 and kept["b"] < 8, kept
+    assert act(10.0, t=15.0)["a"] < 4 and act(10.0, t=71.0)["a"] < 4
 
 
 def test_with_donor_tie_band_a_starved_donor_tied_with_a_bottleneck_at_its_limit_grows_back():

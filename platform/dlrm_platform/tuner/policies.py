@@ -748,6 +748,8 @@ class RLPolicy(Policy):
                                                        lambda v: None if v is None else int(v)),
                           "rl_donor_repair_s": ("donor_repair_s", lambda v: None if v is None else float(v)),
                           "rl_donor_tie_band": ("donor_tie_band", lambda v: None if v is None else float(v)),
+                          "rl_donor_keeps_told_after_s": ("donor_keeps_told_after_s",
+                                                          lambda v: None if v is None else float(v)),
                           "rl_idle_reads_busy_capacity": ("idle_reads_busy_capacity",
                                                           lambda v: None if v is None else float(v)),
                           "rl_credit_reads_rise": ("credit_reads_rise", bool),

@@ -281,7 +281,8 @@ class RLPolicyRunner:
     #: delivered through it; at 16 slots and 0-9% busy it then read as the bottleneck on paper, and the
     #: starved donor's repair, which needs the donor to bind on paper, never came (run 70d, 44.0 s). On by
     #: default since run 71: simulated identical to off (the simulator's readings have no such modes); live
-    #: with 10 s (71a-71c) 15 of 15 shifts within 30 s, 5.5-20.5 s but for one of 26.0 s (tuner/README.md, run 71)
+    #: with 10 s (71a-71c) 15 of 15 shifts within 30 s, 5.5-20.5 s but for one of 26.0 s; at the new defaults
+    #: (71d) 4 of 5, the miss a late churn elsewhere (tuner/README.md, run 71)
     busy_floor_delivered_s: float | None = 10.0
     #: an operator a move grew gives none of its slots to another operator's move for this many steps (policy
     #: option ``rl_grown_keeps_steps``; 0: off): what a move gave, the next one took back on one window's
@@ -328,6 +329,16 @@ class RLPolicyRunner:
     #: 8 s until "+1 pack" took it to ~1.0 (run 67c, 32.0 s). Off: in its one live round (68b) it fired only in
     #: dlrm_preprocessing, twice "+1 read" from truncate_history, which then bound and took the slot back
     donor_tie_band: float | None = None
+    #: with ``donor_repair_s``, from this many seconds after a shift's tell until the repair's time is up, no
+    #: move takes an operator below the slots it had at the tell (policy option ``rl_donor_keeps_told_after_s``;
+    #: None: off): the credit's moves come in the first seconds (live, up to 5.3 s after the tell); what they
+    #: took from the donors is theirs to win back, not for the moves after to take again. Live,
+    #: wide_skewed's credit took pack 2 -> 1 (64.4 s), the repair gave it back at 80.5 s, and at 89.0 and 93.3 s
+    #: "+1 feature_cross" and "+1 truncate_history" on readings within their noise of each other took
+    #: truncate_history 2 -> 1 and pack 2 -> 1 again; pack then bound at ~5,300 for 15 s (run 71d, 34.0 s). Off:
+    #: simulated with 10, shift recovery mean 2.46 s against 2.96, max 18 against 27, held out 0.996x; not yet
+    #: measured live (tuner/README.md, run 71)
+    donor_keeps_told_after_s: float | None = None
     #: while a pass still climbs (it has not held with every operator measured, nor moved back), a "+1"
     #: carries on to the operators that bound the pipeline after it, this many slots at most in all, each
     #: operator as far as a "+1" of its own would take it (``_most_slots``) and to double its slots at most
@@ -484,6 +495,10 @@ class RLPolicyRunner:
         for n, k in fs.steps_since_grown.items():
             if k < self.grown_keeps_steps and n in alloc:
                 kept_by_moves[n] = alloc[n]
+        if self.donor_keeps_told_after_s is not None and self.donor_repair_s is not None:
+            for n, (k, until) in fs.donor_told_slots.items():  # the credit's moves are made: no donor again
+                if until - self.donor_repair_s + self.donor_keeps_told_after_s <= obs.t <= until and n in alloc:
+                    kept_by_moves[n] = max(kept_by_moves.get(n, 0), k)
         moving = keep_slots(specs, alloc, kept_by_moves)  # the specs the moves see
         # a finished operator bounds nothing (and is the first donor)
         caps = {o.name: (None if o.completed else o.capacity) for o in obs.ops}
