@@ -102,7 +102,7 @@ class FeatureState:
         #: operator -> ticks in a row it bound the pipeline while so held (``note_held_binding``)
         self.held_binding_ticks: dict[str, int] = {}
         #: (tick, samples/s delivered over its window, the window's seconds), the last ``DELIVERED_TICKS``
-        #: (``note_delivered``; rl's ``rise_floor_delivered_s``)
+        #: (``note_delivered``; rl's ``rise_floor_delivered_s`` and ``busy_floor_delivered_s``)
         self.delivered: deque[tuple[float, float, float]] = deque(maxlen=DELIVERED_TICKS)
         #: operator -> (its slots, the first tick it was seen at them) (``note_delivered``)
         self.slots_since: dict[str, tuple[int, float]] = {}
@@ -169,8 +169,7 @@ class FeatureState:
                 continue
             per_slot = o.capacity / o.slots
             if floor_min_span_s is not None:
-                since = max(self.slots_since.get(o.name, (None, math.inf))[1], self.cost_shift_t)
-                delivered = self.delivered_since(since, floor_min_span_s)
+                delivered = self.delivered_at_slots(o.name, self.cost_shift_t, floor_min_span_s)
                 if delivered is not None and delivered / o.slots > per_slot:
                     per_slot = delivered / o.slots
                     floored += 1
@@ -210,6 +209,12 @@ class FeatureState:
         if not windows or windows[-1][0] - min(t - w for t, _, w in windows) < min_span_s:
             return None
         return sum(thr * w for _, thr, w in windows) / sum(w for _, _, w in windows)
+
+    def delivered_at_slots(self, name: str, after: float, min_span_s: float) -> float | None:
+        """``delivered_since`` the later of ``after`` and ``name``'s last change of slots (None: its slots were
+        never noted, or the windows since span less than ``min_span_s``)."""
+        noted = self.slots_since.get(name)
+        return None if noted is None else self.delivered_since(max(noted[1], after), min_span_s)
 
     def note_idle(self, obs: Observation, max_util: float) -> None:
         """Count, per operator, the ticks in a row its slots read less than ``max_util`` busy."""

@@ -878,8 +878,7 @@ class RLPolicyRunner:
         for name, cap in risen.items():
             if cap is None or caps.get(name) is None or cap >= caps[name] or name not in fs.shift_told_t:
                 continue
-            since = max(fs.shift_told_t[name], fs.slots_since.get(name, (None, -math.inf))[1])
-            delivered = fs.delivered_since(since, self.rise_floor_delivered_s)
+            delivered = fs.delivered_at_slots(name, fs.shift_told_t[name], self.rise_floor_delivered_s)
             if delivered is not None and delivered > cap:
                 out[name] = min(delivered, caps[name])
                 self.stats["rise_floored"] += 1
