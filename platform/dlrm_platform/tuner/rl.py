@@ -498,16 +498,15 @@ class RLPolicyRunner:
         for n, k in fs.steps_since_grown.items():
             if k < self.grown_keeps_steps and n in alloc:
                 kept_by_moves[n] = alloc[n]
+        # a finished operator bounds nothing (and is the first donor)
+        caps = {o.name: (None if o.completed else o.capacity) for o in obs.ops}
         if self.donor_keeps_told_after_s is not None and self.donor_repair_s is not None:
-            binding = _least({o.name: (None if o.completed else o.capacity) for o in obs.ops})
-            told_t = fs.shift_told_t.get(binding)
+            told_t = fs.shift_told_t.get(_least(caps))
             if told_t is None or obs.t - told_t > self.donor_repair_s:  # a shifted operator that binds may take
                 for n, (k, until) in fs.donor_told_slots.items():  # the credit's moves are made: no donor again
                     if until - self.donor_repair_s + self.donor_keeps_told_after_s <= obs.t <= until and n in alloc:
                         kept_by_moves[n] = max(kept_by_moves.get(n, 0), k)
         moving = keep_slots(specs, alloc, kept_by_moves)  # the specs the moves see
-        # a finished operator bounds nothing (and is the first donor)
-        caps = {o.name: (None if o.completed else o.capacity) for o in obs.ops}
         limits: dict[str, int] = {}
         if self.scaling_margin is not None:
             steady = {n for n, k in fs.steps_since_change.items() if k >= self.steady_steps}
