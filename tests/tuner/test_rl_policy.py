@@ -136,6 +136,31 @@ def test_with_one_slot_after_release_an_operator_whose_limit_ended_grows_by_one_
         assert new["b"] == 8, on
 
 
+def test_with_one_slot_after_aged_limit_an_operator_grows_one_slot_past_a_limit_that_aged_out():
+    """Live, the contended lookup held at 6 by "6 -> 7 measured slower"; once that evidence aged out, the
+    linear model's next "+1" took it +4 past its peak (run 72). With ``one_slot_after_aged_limit`` the
+    move goes one slot past the aged limit (from below it, up to that slot), says so, and once past it
+    the moves are sized as before."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    obs4 = _obs({"a": 4000.0, "b": 500.0, "c": 2000.0}, {"a": 4, "b": 4, "c": 4}, 500.0)
+    for on, aged_at, expect_b in ((True, 4, 5), (True, 6, 7), (False, 4, 8)):
+        runner = _AlwaysWants(2)
+        runner.one_slot_after_aged_limit = on
+        fs = FeatureState(["a", "b", "c"])
+        fs.scaling.aged_out["b"] = aged_at
+        new, what = runner.act(obs4, {"a": 4, "b": 4, "c": 4}, specs, 12.0, fs)
+        assert new["b"] == expect_b, (on, aged_at)
+        assert ("measured again" in what) == on, what
+        assert ("b" in fs.scaling.aged_out) == (new["b"] <= aged_at)  # past it: sized by the rates again
+    runner = _AlwaysWants(2)
+    runner.one_slot_after_aged_limit = True
+    fs = FeatureState(["a", "b", "c"])
+    fs.scaling.aged_out["b"] = 4
+    runner.act(obs4, {"a": 4, "b": 4, "c": 4}, specs, 12.0, fs)
+    new, _ = runner.act(obs4, {"a": 4, "b": 4, "c": 4}, specs, 12.0, fs)
+    assert new["b"] == 8
+
+
 def test_with_slope_sized_growth_a_move_grows_by_the_share_of_a_linear_gain_the_last_step_added():
     """Live, the contended lookup measured 5,106 at 5 and 5,472 at 7 slots, and the linear model's
     move took it +4 to 11. With ``slope_sized_growth`` the last measured step's share of a linear gain

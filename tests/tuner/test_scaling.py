@@ -712,6 +712,40 @@ def test_only_a_limit_of_two_slots_or_more_expiring_below_the_operator_marks_it_
     assert not expire(4, 6, runs_at=4).released
 
 
+def test_a_limit_whose_step_measured_slower_marks_aged_out_when_it_ends_by_age():
+    """``aged_out`` (rl's ``one_slot_after_aged_limit``): "4 -> 5 slots measured slower" held while the
+    operator ran at 4, and ended when its evidence aged out, nothing measured against it: the step past 4
+    is unmeasured again. Not a step measured merely short of paid (within a linear operator's noise), nor
+    a limit the step measured paid ended; forgetting the operator (a cost shift) drops the mark."""
+    def limit_at_four(above: float) -> ScalingMemory:
+        mem = _hysteresis_memory(horizon=5, horizon_above=5)
+        _measure(mem, "a", 4, 4000.0)
+        _measure(mem, "a", 5, above)
+        assert mem.limit("a") == 4
+        return mem
+
+    def aged(mem: ScalingMemory) -> ScalingMemory:
+        for _ in range(7):  # at 4 again: the point at 5 and the limit on it age out
+            mem.record({"a": 4}, {"a": 4000.0})
+            mem.limit("a")
+        assert mem.limit("a") is None
+        return mem
+
+    slower = aged(limit_at_four(3500.0))
+    assert slower.aged_out == {"a": 4}
+    slower.forget("a")
+    assert not slower.aged_out
+    assert not aged(limit_at_four(4100.0)).aged_out  # under the paid line (4,250), not slower
+    freed = _hysteresis_memory(horizon=10, horizon_above=10, delivered_margin=0.15)
+    for slots, cap, delivered in ((4, 4000.0, 1000.0), (5, 3500.0, 1000.0)):
+        for _ in range(3):
+            freed.record({"a": slots}, {"a": cap}, delivered=delivered)
+    assert freed.limit("a") == 4
+    for _ in range(3):  # the counters still say slower, the pipeline delivered clearly more: freed by evidence
+        freed.record({"a": 5}, {"a": 3500.0}, delivered=2000.0)
+    assert freed.limit("a") is None and not freed.aged_out
+
+
 def test_with_limit_outlives_lower_a_limit_stands_past_its_lower_points_expiry_until_horizon_above():
     """``limit_outlives_lower`` (rl's ``rl_limit_outlives_lower``): an operator running past a limit of a
     step of that many slots or more never measures the lower count again, so its point expires after

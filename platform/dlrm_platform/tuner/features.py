@@ -241,6 +241,8 @@ class FeatureState:
                 changed = True
                 if after.get(n, 0) > before.get(n, 0):
                     self.scaling.released.discard(n)  # grown: its next limit is measured afresh
+                    if after[n] > self.scaling.aged_out.get(n, after[n]):
+                        self.scaling.aged_out.pop(n)  # past it: the step is being measured again
                     self.steps_since_grown[n] = 0
         if changed:
             self.steps_since_action = 0

@@ -735,6 +735,7 @@ class RLPolicy(Policy):
                           "rl_noisy_growth_noise": ("noisy_growth_noise", float),
                           "rl_slope_sized_growth": ("slope_sized_growth", bool),
                           "rl_one_slot_after_release": ("one_slot_after_release", bool),
+                          "rl_one_slot_after_aged_limit": ("one_slot_after_aged_limit", bool),
                           "rl_chain_slots": ("chain_slots", int),
                           "rl_sized_shield": ("sized_shield", bool),
                           "rl_clear_bar": ("clear_bar", bool),

@@ -146,6 +146,18 @@ class RLPolicyRunner:
     #: delivered 5,400-5,800). Only a step of two slots or more: a one-slot step's "did not pay" (1.4% at 18
     #: slots) is within a linear operator's noise, and one slot at a time held simulated ones back
     one_slot_after_release: bool = False
+    #: an operator at or past a held limit that ended by age alone (``ScalingMemory.aged_out``: the step
+    #: from it was last measured not to pay ``horizon`` steps ago or more, and nothing measured since says
+    #: otherwise) grows at most to one slot past it at its next move: the step is re-measured, not taken
+    #: as paid. Live, the contended lookup held at 6-7 slots by "6 -> 7 did not pay" from 22-29 s; when that
+    #: evidence aged out (58.6-61.7 s) one "+1 user_lookup" of 4 slots took it to 10-14, past its peak, in
+    #: 3 of 4 rounds (tuner/README.md, run 72). Only for a step measured slower, not merely short of paid
+    #: (``ScalingMemory.aged_out``): a linear operator's noise rarely reads a step back. Simulated (3 seeds,
+    #: 10 shift seeds, 24 held out): held out 0.963 against 0.967, contended@0.4 0.902 against 0.907, shift
+    #: mean 2.62 s against 2.46. Live with it (run 73): contended_lookup rl / oracle 1.003 over 6 rounds (it
+    #: fired once, not at the moment it is for; 0.984 over 2 without), the shift suite 5 of 5 within 30 s.
+    #: Policy option ``rl_one_slot_after_aged_limit``
+    one_slot_after_aged_limit: bool = True
     #: a held limit that expired with its lower point sizes the next move by its step's slope
     #: (``ScalingMemory.keep_expired_slope``, with ``slope_sized_growth``): live, the contended lookup's next
     #: move after such an expiry went 6 -> 7 where it had gone +2 to +4, but over 4 interleaved rounds
@@ -608,6 +620,9 @@ class RLPolicyRunner:
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound,
                                  limits=self._model_limits(limits, alloc, fs))
         what = describe_action(a, [s.name for s in specs])
+        if (self.one_slot_after_aged_limit and 1 <= a <= min(K_MAX, len(specs))
+                and (aged := fs.scaling.aged_out.get(name)) is not None and new[name] > aged):
+            what += f": the step past {aged} slots measured again (its limit there aged out)"
         if new == alloc:
             fs.climbing = False  # it held with every operator measured: what follows refines, one operator a move
         if self.chain_slots and fs.climbing and 1 <= a <= K_MAX and new != alloc:
@@ -759,6 +774,8 @@ class RLPolicyRunner:
             most = max(1, min(most, int(most * max(share, 0.0))))
         if self.one_slot_after_release and name in fs.scaling.released:
             most = 1
+        if self.one_slot_after_aged_limit and (aged := fs.scaling.aged_out.get(name)) is not None:
+            most = max(1, min(most, aged + 1 - alloc[name]))
         return most
 
     def _measured_enough(self, fs: FeatureState, name: str, k: int) -> bool:

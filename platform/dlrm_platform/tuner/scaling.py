@@ -143,6 +143,10 @@ class ScalingMemory:
         #: operators whose held limit of a step of two slots or more expired with its lower point while they
         #: ran past it, and that have not grown since (rl's ``one_slot_after_release``)
         self.released: set[str] = set()
+        #: operator -> the count of a held limit whose step measured slower and that ended by age alone (its
+        #: evidence outlived ``horizon``/``horizon_above`` with nothing measured against it since), until the
+        #: operator grows past it (rl's ``one_slot_after_aged_limit``): the step is unmeasured again, not paid
+        self.aged_out: dict[str, int] = {}
         #: a held limit that expired with its lower point leaves its step's slope behind (operator -> (the
         #: step's larger count, the share of a linear gain it added)): ``marginal_share`` answers from it
         #: while no smaller count is measured again (False: off). Live, the contended lookup's limit "4 -> 5
@@ -194,6 +198,7 @@ class ScalingMemory:
                     # its evidence as old as the memory keeps any: kept on, a gradual cost shift held a
                     # simulated operator below its new optimum for the rest of the run
                     del self.held[name]
+                    self._note_aged_out(name, held)
                     if self.keep_expired_slope and (share := self._held_share(held)) is not None:
                         self.expired_share[name] = (held.k2, share)
                     if old == held.k < k and held.k2 - held.k >= 2:
@@ -286,6 +291,7 @@ class ScalingMemory:
         self.held.pop(name, None)
         self.expired_share.pop(name, None)
         self.released.discard(name)
+        self.aged_out.pop(name, None)
 
     def forget_all(self) -> None:
         """Drop every operator's points, limits and noise: they were read while the pass's rates still
@@ -374,6 +380,8 @@ class ScalingMemory:
             return found[0]
         if held is not None and self._still_holds(name, held):
             return held.k if found is None else min(held.k, found[0])
+        if held is not None and found is None and self._aged(held):
+            self._note_aged_out(name, held)
         self.held.pop(name, None)
         if found is not None:
             self.held[name] = self._hold(name, *found)
@@ -390,7 +398,7 @@ class ScalingMemory:
         ``horizon_above`` steps pass. A point forgotten meanwhile (a stray window read as a cost shift)
         is judged by its figures when the limit was last measured: live, forgetting the counts below
         made the step up to 11 lookup slots "count as paid"."""
-        if self.step - held.step > self._limit_horizon(held.readings):
+        if self._aged(held):
             return False
         curve, settled = self.curves.get(name, {}), self.settled(name)
         (c, d, t), (c2, d2, t2) = ((settled[j], curve[j][3], curve[j][1]) if j in curve else held.points[j]
@@ -400,6 +408,17 @@ class ScalingMemory:
         if held.k2 in curve and not self.measured_often(name, held.k2):
             return True
         return c2 < self._paid_line(c, held.k, held.k2) * (1.0 + self.limit_hysteresis)
+
+    def _note_aged_out(self, name: str, held: HeldLimit) -> None:
+        """Mark ``held``, ended by age, in ``aged_out`` where its step measured slower (a share of a linear
+        gain of 0 or less): a step read merely short of paid is within a linear operator's noise."""
+        share = self._held_share(held)
+        if share is not None and share <= 0.0:
+            self.aged_out[name] = held.k
+
+    def _aged(self, held: HeldLimit) -> bool:
+        """``held`` last measured longer ago than its points are kept (``_limit_horizon``)."""
+        return self.step - held.step > self._limit_horizon(held.readings)
 
     def _paid_line(self, capacity: float, k: int, k2: int) -> float:
         """The capacity at ``k2`` slots that counts as paid from ``capacity`` at ``k``: the share of
