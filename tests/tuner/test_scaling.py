@@ -712,11 +712,12 @@ def test_only_a_limit_of_two_slots_or_more_expiring_below_the_operator_marks_it_
     assert not expire(4, 6, runs_at=4).released
 
 
-def test_a_limit_whose_step_measured_slower_marks_aged_out_when_it_ends_by_age():
-    """``aged_out`` (rl's ``one_slot_after_aged_limit``): "4 -> 5 slots measured slower" held while the
-    operator ran at 4, and ended when its evidence aged out, nothing measured against it: the step past 4
-    is unmeasured again. Not a step measured merely short of paid (within a linear operator's noise), nor
-    a limit the step measured paid ended; forgetting the operator (a cost shift) drops the mark."""
+def test_a_limit_that_ends_by_age_marks_aged_out():
+    """``aged_out`` (rl's ``one_slot_after_aged_limit``): "4 -> 5 slots did not pay" held while the operator
+    ran at 4, and ended when its evidence aged out, nothing measured against it: the step past 4 is
+    unmeasured again, whether 5 measured slower or only under the paid line (live, run 73f: 7 a little over
+    6 at the contended lookup). Not a limit freed by evidence; forgetting the operator (a cost shift) drops
+    the mark."""
     def limit_at_four(above: float) -> ScalingMemory:
         mem = _hysteresis_memory(horizon=5, horizon_above=5)
         _measure(mem, "a", 4, 4000.0)
@@ -735,7 +736,12 @@ def test_a_limit_whose_step_measured_slower_marks_aged_out_when_it_ends_by_age()
     assert slower.aged_out == {"a": 4}
     slower.forget("a")
     assert not slower.aged_out
-    assert not aged(limit_at_four(4100.0)).aged_out  # under the paid line (4,250), not slower
+    assert aged(limit_at_four(4100.0)).aged_out == {"a": 4}  # under the paid line (4,250), not slower
+    past = limit_at_four(4100.0)
+    for _ in range(7):  # run at 5, past the limit: the point at 4 ages out, and the limit with it
+        past.record({"a": 5}, {"a": 4100.0})
+        past.limit("a")
+    assert past.limit("a") is None and past.aged_out == {"a": 4}
     freed = _hysteresis_memory(horizon=10, horizon_above=10, delivered_margin=0.15)
     for slots, cap, delivered in ((4, 4000.0, 1000.0), (5, 3500.0, 1000.0)):
         for _ in range(3):

@@ -151,12 +151,12 @@ class RLPolicyRunner:
     #: otherwise) grows at most to one slot past it at its next move: the step is re-measured, not taken
     #: as paid. Live, the contended lookup held at 6-7 slots by "6 -> 7 did not pay" from 22-29 s; when that
     #: evidence aged out (58.6-61.7 s) one "+1 user_lookup" of 4 slots took it to 10-14, past its peak, in
-    #: 3 of 4 rounds (tuner/README.md, run 72). Only for a step measured slower, not merely short of paid
-    #: (``ScalingMemory.aged_out``): a linear operator's noise rarely reads a step back. Simulated (3 seeds,
-    #: 10 shift seeds, 24 held out): held out 0.963 against 0.967, contended@0.4 0.902 against 0.907, shift
-    #: mean 2.62 s against 2.46. Live with it (run 73): contended_lookup rl / oracle 1.003 over 6 rounds (it
-    #: fired once, not at the moment it is for; 0.984 over 2 without), the shift suite 5 of 5 within 30 s.
-    #: Policy option ``rl_one_slot_after_aged_limit``
+    #: 3 of 4 rounds (tuner/README.md, run 72), and again in run 73f past a limit of 6 at 7 (a step that read
+    #: 7 a little over 6, under the paid line: marking only a step measured slower missed it). Simulated (3
+    #: seeds, 10 shift seeds, 24 held out; any aged limit and a slower step alone scored the same): held out
+    #: 0.963 against 0.967, contended@0.4 0.902 against 0.907, shift mean 2.62 s against 2.46. Live (run 73,
+    #: the slower-step form): contended_lookup rl / oracle 1.003 over 6 rounds, the shift suite 5 of 5 within
+    #: 30 s. Policy option ``rl_one_slot_after_aged_limit``
     one_slot_after_aged_limit: bool = True
     #: a held limit that expired with its lower point sizes the next move by its step's slope
     #: (``ScalingMemory.keep_expired_slope``, with ``slope_sized_growth``): live, the contended lookup's next

@@ -143,9 +143,9 @@ class ScalingMemory:
         #: operators whose held limit of a step of two slots or more expired with its lower point while they
         #: ran past it, and that have not grown since (rl's ``one_slot_after_release``)
         self.released: set[str] = set()
-        #: operator -> the count of a held limit whose step measured slower and that ended by age alone (its
-        #: evidence outlived ``horizon``/``horizon_above`` with nothing measured against it since), until the
-        #: operator grows past it (rl's ``one_slot_after_aged_limit``): the step is unmeasured again, not paid
+        #: operator -> the count of a held limit that ended by age alone (its evidence outlived
+        #: ``horizon``/``horizon_above`` with nothing measured against it since), until the operator grows
+        #: past it (rl's ``one_slot_after_aged_limit``): the step is unmeasured again, not paid
         self.aged_out: dict[str, int] = {}
         #: a held limit that expired with its lower point leaves its step's slope behind (operator -> (the
         #: step's larger count, the share of a linear gain it added)): ``marginal_share`` answers from it
@@ -410,11 +410,10 @@ class ScalingMemory:
         return c2 < self._paid_line(c, held.k, held.k2) * (1.0 + self.limit_hysteresis)
 
     def _note_aged_out(self, name: str, held: HeldLimit) -> None:
-        """Mark ``held``, ended by age, in ``aged_out`` where its step measured slower (a share of a linear
-        gain of 0 or less): a step read merely short of paid is within a linear operator's noise."""
-        share = self._held_share(held)
-        if share is not None and share <= 0.0:
-            self.aged_out[name] = held.k
+        """Mark ``held``, ended by age, in ``aged_out``. Any such limit, not only a step measured slower:
+        live, the contended lookup's "6 -> 7 did not pay" read 7 a little over 6 (under the paid line), and
+        when it aged out the next "+1" went 7 -> 11 (run 73f); simulated, the two scored the same."""
+        self.aged_out[name] = held.k
 
     def _aged(self, held: HeldLimit) -> bool:
         """``held`` last measured longer ago than its points are kept (``_limit_horizon``)."""
