@@ -372,7 +372,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     from dlrm_platform.tuner.policies import RLPolicy
 
     specs = [OpSpec("a", 1.0, initial=2), OpSpec("b", 1.0, initial=2)]
-    opts = {"rl_return_past_limit": True, "rl_limit_hysteresis": None, "rl_delivered_window_s": None,
+    opts = {"rl_return_past_limit": True, "rl_return_no_faster_past": 0.05, "rl_limit_hysteresis": None, "rl_delivered_window_s": None,
             "rl_noisy_max_repeat": 2, "rl_noisy_growth_noise": 0.2, "rl_delivered_max_age": 30,
             "rl_slope_sized_growth": True, "rl_one_slot_after_release": True, "rl_chain_slots": 3,
             "rl_waited_on_alpha": 0.3, "rl_above_min_readings": 3, "rl_idle_reads_busy_capacity": None,
@@ -384,6 +384,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
+    assert with_options.runner.return_no_faster_past == 0.05
+    assert plain.runner.return_no_faster_past == RLPolicyRunner.return_no_faster_past
     assert (with_options.runner.noisy_max_repeat, with_options.runner.noisy_growth_noise) == (2, 0.2)
     assert plain.runner.noisy_max_repeat == RLPolicyRunner.noisy_max_repeat
     assert with_options.fs.scaling.delivered_max_age == 30 and with_options.runner.slope_sized_growth

@@ -853,6 +853,56 @@ def test_with_return_past_limit_an_operator_past_its_limit_measured_slower_goes_
     assert RLPolicyRunner._past_limit({"a": 8}, specs, stale, 0.2) is None
 
 
+def test_an_operator_past_a_limit_whose_slots_bought_nothing_goes_back_to_it_and_says_why():
+    """Live (run 73e), rl grew the contended lookup 9 -> 11 before any limit; "9 -> 11 did not pay" then
+    held, but its counters (swinging 4-8x) never read the 20% less ``_past_limit`` asks for, and it sat at
+    11 for 67 s. ``_bought_nothing_past_limit`` takes it back where, measured there now and often, it is no
+    faster past the limit with the pipeline delivering no more, or the pipeline delivered 15% less there
+    whatever its counters read; ``_move_back`` says which figures showed it."""
+    from dlrm_platform.tuner.observe import Observation, OpObs
+    from dlrm_platform.tuner.spec import OpSpec
+
+    def state(cap_at_11: float, delivered_at_11: float, times: int = 3) -> FeatureState:
+        fs = FeatureState(["a"])
+        fs.scaling = ScalingMemory(["a"], limit_hysteresis=0.1)
+        for _ in range(3):
+            fs.scaling.record({"a": 9}, {"a": 6000.0}, delivered=5900.0)
+        for _ in range(times):
+            fs.scaling.record({"a": 11}, {"a": cap_at_11}, delivered=delivered_at_11)
+        return fs
+
+    specs = [OpSpec("a", 1.0)]
+    runner = RLPolicyRunner(None, {})
+    assert (runner.return_no_faster_past, runner.return_delivered_drop) == (0.10, 0.15)
+    assert state(5800.0, 5500.0).scaling.limit("a") == 9
+    assert runner._bought_nothing_past_limit({"a": 11}, specs, state(5800.0, 5500.0)) == ("a", 9)
+    assert runner._bought_nothing_past_limit({"a": 11}, specs, state(6300.0, 5500.0)) == ("a", 9)  # within 10%
+    assert runner._bought_nothing_past_limit({"a": 11}, specs, state(5800.0, 6100.0)) is None  # delivered more
+    assert runner._bought_nothing_past_limit({"a": 11}, specs, state(5800.0, 5500.0, times=1)) is None
+    assert runner._bought_nothing_past_limit({"a": 9}, specs, state(5800.0, 5500.0)) is None  # at its limit
+    stale = state(5800.0, 5500.0)
+    stale.scaling.record({"a": 9}, {"a": 6000.0}, delivered=5900.0)  # 11 not measured now
+    assert runner._bought_nothing_past_limit({"a": 11}, specs, stale) is None
+    # the second reading alone: the pipeline delivered 15% less at 11, whatever the counters read there
+    # (live, run 74a: the lookup's at 8 read as its new workers started, and 12 read faster than that)
+    runner.return_no_faster_past = None
+    assert state(5800.0, 4900.0).scaling.delivered_less_past("a", 11, 9, 0.15)
+    assert runner._bought_nothing_past_limit({"a": 11}, specs, state(5800.0, 4900.0)) == ("a", 9)
+    assert runner._bought_nothing_past_limit({"a": 11}, specs, state(5800.0, 5500.0)) is None  # 7% less
+    assert runner._bought_nothing_past_limit({"a": 11}, specs, state(5800.0, 4900.0, times=1)) is None
+    runner.return_no_faster_past = 0.10
+
+    obs = Observation(t=60.0, window_s=1.0, ops=[OpObs("a", 11, 1.0, 5500.0, 527.0, 1.0, 10.0, 0.9, 0.0,
+                                                          2.0, 1e6, capacity=5800.0, measured=True)],
+                      throughput=5500.0, mem_used=0.0, mem_limit=1e9, spill_rate=0.0, budget=12.0)
+    new, why = runner._move_back(obs, {"a": 11}, specs, 12.0, state(5800.0, 5500.0))
+    assert new == {"a": 9}
+    assert why.startswith("-2 a: to 9 slots, the slots past its limit bought nothing (capacity -3% at 11")
+    assert "5,500 samples/s there against 5,900" in why
+    runner.return_no_faster_past = runner.return_delivered_drop = None
+    assert runner._move_back(obs, {"a": 11}, specs, 12.0, state(5800.0, 5500.0)) is None  # off
+
+
 def test_an_operator_past_its_limit_is_no_faster_there_only_where_its_counters_and_the_pipeline_agree():
     """``no_faster_past`` (the shield's ``flat_past_limit``): at 5 slots past a limit of 4, measured often,
     its capacity within the margin of the limit's, and the pipeline delivering no more at 5. Simulated, a

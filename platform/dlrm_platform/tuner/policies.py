@@ -729,6 +729,10 @@ class RLPolicy(Policy):
         self.measure_after_delivery_s = float(self.opts.get("rl_measure_after_delivery_s",
                                                             self.runner.measure_after_delivery_s))
         runner_options = {"rl_return_past_limit": ("return_past_limit", bool),
+                          "rl_return_no_faster_past": ("return_no_faster_past",
+                                                       lambda v: None if v is None else float(v)),
+                          "rl_return_delivered_drop": ("return_delivered_drop",
+                                                       lambda v: None if v is None else float(v)),
                           "rl_flat_past_limit": ("flat_past_limit", lambda v: None if v is None else float(v)),
                           "rl_busy_max_age_s": ("busy_max_age_s", lambda v: None if v is None else float(v)),
                           "rl_noisy_max_repeat": ("noisy_max_repeat", lambda v: None if v is None else int(v)),

@@ -118,6 +118,17 @@ class RLPolicyRunner:
     #: an operator past its measured limit, measured no faster there than at the limit, goes back to it
     #: (``_past_limit``)
     return_past_limit: bool = False
+    #: an operator past its measured limit whose slots past it bought nothing goes back to the limit
+    #: (``_bought_nothing_past_limit``): measured now and often there, its capacity at most this much over the
+    #: limit's and the pipeline delivering no more (``ScalingMemory.no_faster_past``; None: off) ...
+    return_no_faster_past: float | None = 0.10
+    #: ... or the pipeline delivering this much less there, whatever its counters read (``ScalingMemory.
+    #: delivered_less_past``; None: off). ``return_past_limit`` and ``better`` ask for 20% less capacity or 3x
+    #: the noise, which the contended lookup's counters (swinging 4-8x) do not show: live, it sat at 11 slots
+    #: past a limit of 9 for 67 s of a 100 s round (run 73e) and at 12 past 8 for 77 s (run 74a, its counters
+    #: at 8 read as new workers started). With both, 6,500 / 6,050 / 6,050 samples/s against 6,200 / 5,550 /
+    #: 4,700 with the first alone (tuner/README.md, run 74). Simulated: held out 0.976 against 0.977 off
+    return_delivered_drop: float | None = 0.15
     #: the shield's linear model reads an operator past its measured limit as no faster there than at the
     #: limit, its slots down to the limit a donor's at no cost (``actions.scaled_capacity``), where its count
     #: now is measured often, reads at most this much more capacity than the limit's, and the pipeline delivered
@@ -954,7 +965,15 @@ class RLPolicyRunner:
                 best = (gain, s.name, k)
         if best is None and self.return_past_limit:
             best = self._past_limit(alloc, specs, fs, 2 * self.scaling_margin)
-        if best is not None:
+        flat = self._bought_nothing_past_limit(alloc, specs, fs) if best is None else None
+        if flat is not None:
+            name, k = flat
+            now, curve, delivered = alloc[name], fs.scaling.settled(name), fs.scaling.delivered(name)
+            why = f"the slots past its limit bought nothing (capacity {curve[now] / curve[k] - 1:+.0%} at {now}"
+            if now in delivered and k in delivered:
+                why += f", the pipeline delivering {delivered[now]:,.0f} samples/s there against {delivered[k]:,.0f}"
+            why += ")"
+        elif best is not None:
             gain, name, k = best
             why = f"measured {gain - 1:+.0%} there"
         else:
@@ -970,6 +989,22 @@ class RLPolicyRunner:
         fs.tick()
         fs.note_action(alloc, new)
         return new, f"{k - alloc[name]:+d} {name}: to {k} slots, {why} (capacity {fs.scaling.describe(name)})"
+
+    def _bought_nothing_past_limit(self, alloc: Allocation, specs: Sequence[OpSpec],
+                                   fs: FeatureState) -> tuple[str, int] | None:
+        """The first operator (in pipeline order) running past its measured limit, measured there now, whose
+        slots past it bought nothing (``return_no_faster_past``, ``return_delivered_drop``): (name, the limit)."""
+        for s in specs:
+            now = alloc[s.name]
+            lim = fs.scaling.limit(s.name)
+            if lim is None or lim >= now or lim < s.min_slots or not fs.scaling.measured_now(s.name, now):
+                continue
+            if ((self.return_no_faster_past is not None
+                 and fs.scaling.no_faster_past(s.name, now, lim, self.return_no_faster_past))
+                    or (self.return_delivered_drop is not None
+                        and fs.scaling.delivered_less_past(s.name, now, lim, self.return_delivered_drop))):
+                return s.name, lim
+        return None
 
     @staticmethod
     def _past_limit(alloc: Allocation, specs: Sequence[OpSpec], fs: FeatureState,

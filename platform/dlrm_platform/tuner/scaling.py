@@ -332,6 +332,14 @@ class ScalingMemory:
         curve = self.settled(name)
         return curve[now] <= curve[limit] * (1.0 + margin) and delivered[now] <= delivered[limit]
 
+    def delivered_less_past(self, name: str, now: int, limit: int, drop: float) -> bool:
+        """``name`` at ``now`` slots, past its ``limit``, measured often there, and the pipeline delivered at
+        least ``drop`` less there than at the limit (whatever its own counters read: live, the contended
+        lookup's at a count just grown read as its new workers started)."""
+        delivered = self.delivered(name)
+        return (self.measured_often(name, now) and now in delivered and limit in delivered
+                and delivered[now] <= delivered[limit] * (1.0 - drop))
+
     def measured_often(self, name: str, k: int) -> bool:
         """``k`` measured ``now_measurements`` times: the count an operator runs at is measured again
         every window, so it is compared only once its figure is steadier."""
