@@ -968,11 +968,10 @@ class RLPolicyRunner:
         flat = self._bought_nothing_past_limit(alloc, specs, fs) if best is None else None
         if flat is not None:
             name, k = flat
-            now, curve, delivered = alloc[name], fs.scaling.settled(name), fs.scaling.delivered(name)
-            why = f"the slots past its limit bought nothing (capacity {curve[now] / curve[k] - 1:+.0%} at {now}"
-            if now in delivered and k in delivered:
-                why += f", the pipeline delivering {delivered[now]:,.0f} samples/s there against {delivered[k]:,.0f}"
-            why += ")"
+            now, curve = alloc[name], fs.scaling.settled(name)
+            at_now, at_limit = fs.scaling.delivered_past(name, now, k)  # both tests rest on these figures
+            why = (f"the slots past its limit bought nothing (capacity {curve[now] / curve[k] - 1:+.0%} at {now}, "
+                   f"the pipeline delivering {at_now:,.0f} samples/s there against {at_limit:,.0f})")
         elif best is not None:
             gain, name, k = best
             why = f"measured {gain - 1:+.0%} there"

@@ -198,7 +198,7 @@ class ScalingMemory:
                     # its evidence as old as the memory keeps any: kept on, a gradual cost shift held a
                     # simulated operator below its new optimum for the rest of the run
                     del self.held[name]
-                    self._note_aged_out(name, held)
+                    self.aged_out[name] = held.k  # its step is unmeasured again, not paid
                     if self.keep_expired_slope and (share := self._held_share(held)) is not None:
                         self.expired_share[name] = (held.k2, share)
                     if old == held.k < k and held.k2 - held.k >= 2:
@@ -323,22 +323,28 @@ class ScalingMemory:
         """Slot count -> samples/s the pipeline delivered while ``name`` was measured there (where given)."""
         return {k: v[3] for k, v in self.curves.get(name, {}).items() if v[3] is not None}
 
+    def delivered_past(self, name: str, now: int, limit: int) -> tuple[float, float] | None:
+        """What the pipeline delivered with ``name`` at ``now`` slots (measured often there) and at its
+        ``limit``: (at now, at the limit); None where either figure is missing."""
+        delivered = self.delivered(name)
+        if not self.measured_often(name, now) or now not in delivered or limit not in delivered:
+            return None
+        return delivered[now], delivered[limit]
+
     def no_faster_past(self, name: str, now: int, limit: int, margin: float) -> bool:
         """``name`` at ``now`` slots, past its ``limit``, is measured no faster there: ``now`` measured often,
         its capacity at most ``margin`` over the limit's, and the pipeline delivered no more there."""
-        delivered = self.delivered(name)
-        if not self.measured_often(name, now) or now not in delivered or limit not in delivered:
+        if (both := self.delivered_past(name, now, limit)) is None:
             return False
         curve = self.settled(name)
-        return curve[now] <= curve[limit] * (1.0 + margin) and delivered[now] <= delivered[limit]
+        return curve[now] <= curve[limit] * (1.0 + margin) and both[0] <= both[1]
 
     def delivered_less_past(self, name: str, now: int, limit: int, drop: float) -> bool:
         """``name`` at ``now`` slots, past its ``limit``, measured often there, and the pipeline delivered at
         least ``drop`` less there than at the limit (whatever its own counters read: live, the contended
         lookup's at a count just grown read as its new workers started)."""
-        delivered = self.delivered(name)
-        return (self.measured_often(name, now) and now in delivered and limit in delivered
-                and delivered[now] <= delivered[limit] * (1.0 - drop))
+        both = self.delivered_past(name, now, limit)
+        return both is not None and both[0] <= both[1] * (1.0 - drop)
 
     def measured_often(self, name: str, k: int) -> bool:
         """``k`` measured ``now_measurements`` times: the count an operator runs at is measured again
@@ -389,7 +395,7 @@ class ScalingMemory:
         if held is not None and self._still_holds(name, held):
             return held.k if found is None else min(held.k, found[0])
         if held is not None and found is None and self._aged(held):
-            self._note_aged_out(name, held)
+            self.aged_out[name] = held.k  # its step is unmeasured again, not paid
         self.held.pop(name, None)
         if found is not None:
             self.held[name] = self._hold(name, *found)
@@ -416,12 +422,6 @@ class ScalingMemory:
         if held.k2 in curve and not self.measured_often(name, held.k2):
             return True
         return c2 < self._paid_line(c, held.k, held.k2) * (1.0 + self.limit_hysteresis)
-
-    def _note_aged_out(self, name: str, held: HeldLimit) -> None:
-        """Mark ``held``, ended by age, in ``aged_out``. Any such limit, not only a step measured slower:
-        live, the contended lookup's "6 -> 7 did not pay" read 7 a little over 6 (under the paid line), and
-        when it aged out the next "+1" went 7 -> 11 (run 73f); simulated, the two scored the same."""
-        self.aged_out[name] = held.k
 
     def _aged(self, held: HeldLimit) -> bool:
         """``held`` last measured longer ago than its points are kept (``_limit_horizon``)."""
