@@ -380,7 +380,8 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_rise_read_until_idle_steps": None, "rl_shift_reads_busy_after_s": None,
             "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 30,
             "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None, "rl_limit_outlives_lower": None,
-            "rl_rise_floor_delivered_s": 4, "rl_busy_floor_delivered_s": None, "rl_donor_keeps_told_after_s": None}
+            "rl_rise_floor_delivered_s": 4, "rl_busy_floor_delivered_s": None, "rl_donor_keeps_told_after_s": None,
+            "rl_held_mean_ticks": None}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -406,6 +407,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert plain.runner.rise_floor_delivered_s == RLPolicyRunner.rise_floor_delivered_s
     assert with_options.runner.busy_floor_delivered_s is None and plain.runner.busy_floor_delivered_s == 10.0
     assert with_options.runner.donor_keeps_told_after_s is None and plain.runner.donor_keeps_told_after_s == 10.0
+    assert with_options.runner.held_mean_ticks is None and plain.runner.held_mean_ticks == 6
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -601,6 +603,45 @@ def test_a_hold_of_the_nets_over_a_move_the_shield_allows_says_what_would_overri
     runner.hold_override_gain = 0.04  # from 4%: the override takes the move
     new, what = runner.act(obs, alloc, specs, 28.0, FeatureState(list(alloc)))
     assert new is not None and new["b"] > 20, (new, what)
+
+
+def test_holds_whose_mean_predicted_gain_clears_the_noise_of_a_mean_grow_the_bottleneck_that_bound_them():
+    """b binds at 5 slots with noisy counters (30%: the shield asks 25% of one reading), c next at 1,220/s:
+    "+1 b" predicts +20% (a second slot pays under 2%), so each hold is vetoed (live, per_task_overhead's hash
+    at 8,000-row blocks held at 5 slots for the rest of the run, run 74f). After ``held_mean_ticks`` holds at
+    the allocation with b binding, their mean +20% clears 1.5 x 30% / sqrt(6) = 18%: b grows a slot and the
+    decision says why. Not where the mean's bar is higher (noisier counters), where b and c take turns to
+    bind, nor with the rule off."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 5, "c": 4}
+    util = {"a": 0.25, "b": 1.0, "c": 0.5}
+    b_binds = _obs({"a": 4000.0, "b": 1000.0, "c": 1220.0}, alloc, 1000.0, util=util)
+    c_binds = _obs({"a": 4000.0, "b": 1000.0, "c": 950.0}, alloc, 950.0, util=util)
+
+    def run(ticks, noise, held_mean_ticks=6, turns=False):
+        runner = _AlwaysWants(0)  # the net holds
+        runner.scaling_margin = None  # the shield alone
+        runner.held_mean_ticks = held_mean_ticks
+        fs = FeatureState(list(alloc))
+        fs.scaling.noise.update({"b": noise, "c": noise})
+        out = []
+        for i in range(ticks):
+            obs = c_binds if turns and i % 2 else b_binds
+            out.append(runner.act(replace(obs, t=10.0 + i), alloc, specs, 13.0, fs))
+        return out, runner
+
+    out, runner = run(6, 0.3)
+    for held, what in out[:5]:
+        assert held is None and "+1 b, the bottleneck, predicts +20%; a move must clear 25%" in what, what
+    new, what = out[5]
+    assert new == {"a": 3, "b": 6, "c": 4}, (new, what)
+    assert what == ('+1 b: the bottleneck in 6 of the last 6 holds, its "+1" predicting +20% on average; a mean'
+                    ' of 6 must clear 18% (one reading 25%)'), what
+    assert runner.stats["held_means"] == 1
+    for noise, kw in ((0.6, {}), (0.3, {"held_mean_ticks": None}), (0.3, {"turns": True})):
+        out, runner = run(12, noise, **kw)
+        assert all(new is None for new, _ in out), (noise, kw, out)
+        assert runner.stats["held_means"] == 0
 
 
 def test_a_measured_rise_in_cost_per_row_lets_the_noisy_bottleneck_grow_back_past_the_noise_bar():

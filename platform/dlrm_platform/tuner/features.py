@@ -40,6 +40,8 @@ GLOBAL_FEATURES = (
 
 #: ticks of delivered throughput ``FeatureState`` keeps (``note_delivered``): a minute and more at ~1 s a tick
 DELIVERED_TICKS = 90
+#: the holds ``FeatureState.held_gains`` keeps (rl's ``held_mean_ticks`` reads at most these)
+HELD_GAIN_TICKS = 30
 
 #: a reading of an operator whose slots were at least this share busy is a busy reading
 #: (``FeatureState.note_busy_capacity``; rl's ``idle_reads_busy_capacity`` and ``credit_reads_rise``)
@@ -109,6 +111,9 @@ class FeatureState:
         #: when a cost shift was last told: what was delivered before it floors no busy reading after
         #: (``note_busy_capacity``'s ``floor_min_span_s``)
         self.cost_shift_t: float = -math.inf
+        #: the latest holds, each (tick, the allocation, the bottleneck, its "+1"'s predicted gain)
+        #: (``note_held_gain``; rl's ``held_mean_ticks``)
+        self.held_gains: deque[tuple[float, tuple[tuple[str, int], ...], str, float]] = deque(maxlen=HELD_GAIN_TICKS)
 
     def note_move(self, t: float, before: Mapping[str, int], after: Mapping[str, int], hold_s: float | None,
                   within_s: float) -> None:
@@ -246,6 +251,20 @@ class FeatureState:
                     self.steps_since_grown[n] = 0
         if changed:
             self.steps_since_action = 0
+
+    def note_held_gain(self, t: float, alloc: Mapping[str, int], bottleneck: str, gain: float) -> None:
+        """A hold at ``alloc`` with ``bottleneck`` binding, its "+1" predicted to gain ``gain``."""
+        self.held_gains.append((t, tuple(sorted(alloc.items())), bottleneck, gain))
+
+    def held_at(self, alloc: Mapping[str, int], since: float) -> list[tuple[str, float]]:
+        """(bottleneck, predicted gain) of the latest holds in a row at ``alloc``, each after ``since``."""
+        key = tuple(sorted(alloc.items()))
+        out: list[tuple[str, float]] = []
+        for t, at, name, gain in reversed(self.held_gains):
+            if at != key or t <= since:
+                break
+            out.append((name, gain))
+        return out[::-1]
 
     def tick(self) -> None:
         for n in self.steps_since_change:

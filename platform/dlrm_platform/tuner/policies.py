@@ -743,6 +743,7 @@ class RLPolicy(Policy):
                           "rl_chain_slots": ("chain_slots", int),
                           "rl_sized_shield": ("sized_shield", bool),
                           "rl_clear_bar": ("clear_bar", bool),
+                          "rl_held_mean_ticks": ("held_mean_ticks", lambda v: None if v is None else int(v)),
                           "rl_shift_credit_s": ("shift_credit_s", lambda v: None if v is None else float(v)),
                           "rl_credit_low_bar_s": ("credit_low_bar_s", lambda v: None if v is None else float(v)),
                           "rl_credit_keeps_slots": ("credit_keeps_slots", bool),
@@ -854,6 +855,7 @@ class RLPolicy(Policy):
         self.fs.moves.new_execution()
         self.fs.reset_best()
         self.fs.climbing = True
+        self.fs.held_gains.clear()  # predicted from rates at the old size
         self.rates = _RateMemory()
         self.awaiting.clear()
         self.unjudged = False

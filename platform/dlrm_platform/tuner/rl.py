@@ -414,6 +414,16 @@ class RLPolicyRunner:
     #: latter +3 at 9 slots); contended_lookup 5,783 samples/s against 5,817 over 3 rounds, one of them lost
     #: to a +3 of the lookup past its peak (9 -> 12; tuner/README.md, run 51): off
     clear_bar: bool = False
+    #: where the net holds at one allocation this many ticks in a row, the operator that bound in
+    #: ``held_mean_share`` of them grows a slot when its "+1"'s predicted gain, averaged over those holds
+    #: (0 where another bound), clears ``hold_override_gain`` and ``shield_noise_k`` times its noise over
+    #: sqrt(ticks): a hold overridden as on one reading, on the noise of a mean of that many (policy option
+    #: ``rl_held_mean_ticks``; None: off). Live, per_task_overhead's hash at 8,000-row blocks (~4 s tasks)
+    #: read 6,600-14,500 samples/s at 5 unchanged slots and bound in 80% of the ticks for the last 55 s of
+    #: the run under "+1 sparse_hash predicts +20%; a move must clear 25%" (its noise, capped), at 0.65
+    #: of the optimum (tuner/README.md, run 74f)
+    held_mean_ticks: int | None = 6
+    held_mean_share: float = 0.7
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -437,7 +447,7 @@ class RLPolicyRunner:
         # asked, and how many of its own choices (argmax over the plain mask) the shield vetoed
         self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0, "overridden": 0, "moved_back": 0,
                       "undone": 0, "tied_pairs": 0, "tied_donors": 0,
-                      "rise_floored": 0, "busy_floored": 0}
+                      "rise_floored": 0, "busy_floored": 0, "held_means": 0}
 
     def register(self, key: str) -> str:
         """Make this in-memory policy loadable as ``policy_path=key`` (evaluation, tests)."""
@@ -616,6 +626,13 @@ class RLPolicyRunner:
             fs.tick()
             fs.note_action(alloc, new)
             return new, what
+        if a == 0 and self.held_mean_ticks is not None and (held := self._held_mean_move(
+                obs, mask, alloc, moving, budget, caps, limits, fs, min_gain, memory_bound)) is not None:
+            new, what = held
+            self.stats["held_means"] += 1
+            fs.tick()
+            fs.note_action(alloc, new)
+            return new, what
         # the net picks the operator; the measured rates say how many slots the move gives it
         most = self.max_repeat
         if 1 <= a <= min(K_MAX, len(specs)):
@@ -756,6 +773,50 @@ class RLPolicyRunner:
             return (f" ({what}, the bottleneck, predicts {gain:+.0%}, over the {min_gain:.0%} a move must clear;"
                     f" the policy held, and a hold is overridden from {override:.0%})")
         return f" ({what}, the bottleneck, predicts {gain:+.0%}; a move must clear {min_gain:.0%})"
+
+    def _held_mean_move(self, obs: Observation, mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec],
+                        budget: float, caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState,
+                        min_gain: float, memory_bound: bool) -> tuple[Allocation, str] | None:
+        """Note this hold's bottleneck and its "+1"'s predicted gain; ``(new allocation, why)`` for a "+1" whose
+        mean gain over the last ``held_mean_ticks`` holds at this allocation clears the mean's bar, else None."""
+        names = [s.name for s in specs[:K_MAX]]
+        model = self._model_limits(limits, alloc, fs)
+
+        def grown(name: str) -> tuple[Allocation, float] | None:
+            """"+1" ``name`` as the shield's linear model makes it, and its predicted gain (None: no such move)."""
+            k = names.index(name)
+            if not mask[1 + k] or (name in limits and alloc[name] >= limits[name]):
+                return None
+            now = predicted_bottleneck(alloc, caps, alloc, model)
+            new = apply_action(1 + k, alloc, specs, budget, caps, memory_bound, model)
+            if not math.isfinite(now) or now <= 0 or new == alloc:
+                return None
+            return new, predicted_bottleneck(alloc, caps, new, model) / now - 1.0
+
+        b = _least(caps)
+        if b not in names:
+            return None
+        now = grown(b)
+        fs.note_held_gain(obs.t, alloc, b, 0.0 if now is None else max(now[1], 0.0))
+        n = self.held_mean_ticks
+        held = fs.held_at(alloc, fs.cost_shift_t)[-n:]
+        if len(held) < n:
+            return None
+        bound = [name for name, _ in held]
+        name = max(set(bound), key=bound.count)
+        if bound.count(name) < self.held_mean_share * n:
+            return None  # operators taking turns to bind: their noise
+        mean = sum(g for m, g in held if m == name) / n
+        # what overrides a hold of the net's on one reading (``hold_override_gain``), on the mean's noise
+        least = self.shield_min_gain if self.hold_override_gain is None else self.hold_override_gain
+        bar = max(least, self.shield_noise_k * fs.scaling.noise.get(name, 0.0) / math.sqrt(n))
+        move = grown(name)
+        if mean < bar or move is None or (self.scaling_margin is not None
+                                          and not self._measured_enough(fs, name, alloc[name])):
+            return None
+        fs.held_gains.clear()  # judged: the next holds are at the allocation it makes
+        return move[0], (f"+1 {name}: the bottleneck in {bound.count(name)} of the last {n} holds, its \"+1\" predicting"
+                         f" {mean:+.0%} on average; a mean of {n} must clear {bar:.0%} (one reading {min_gain:.0%})")
 
     def _override_bar(self, min_gain: float) -> float | None:
         """The predicted gain from which a "+1" overrides a hold of the net's (None: never)."""
