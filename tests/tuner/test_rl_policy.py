@@ -381,7 +381,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 30,
             "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None, "rl_limit_outlives_lower": None,
             "rl_rise_floor_delivered_s": 4, "rl_busy_floor_delivered_s": None, "rl_donor_keeps_told_after_s": None,
-            "rl_held_mean_ticks": None}
+            "rl_held_mean_ticks": None, "rl_held_mean_by_capacity": True}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -408,6 +408,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.busy_floor_delivered_s is None and plain.runner.busy_floor_delivered_s == 10.0
     assert with_options.runner.donor_keeps_told_after_s is None and plain.runner.donor_keeps_told_after_s == 10.0
     assert with_options.runner.held_mean_ticks is None and plain.runner.held_mean_ticks == 6
+    assert with_options.runner.held_mean_by_capacity and not plain.runner.held_mean_by_capacity
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -642,6 +643,39 @@ def test_holds_whose_mean_predicted_gain_clears_the_noise_of_a_mean_grow_the_bot
         out, runner = run(12, noise, **kw)
         assert all(new is None for new, _ in out), (noise, kw, out)
         assert runner.stats["held_means"] == 0
+
+
+def test_with_held_mean_by_capacity_operators_taking_turns_to_bind_are_judged_on_their_mean_capacities():
+    """b (5 slots) reads 1,200 and 800 by turns, c (4 slots) 1,000 and 1,500: each binds in half the holds,
+    under ``held_mean_share``, though b's mean (1,000) is under c's (1,250) (live, per_task_overhead's hash
+    and feature_cross, run 75d). On the capacities averaged over the holds, "+1 b" predicts +20% and clears
+    1.5 x 30% / sqrt(6): with ``held_mean_by_capacity`` b grows; without, nothing moves. Where their means tie,
+    "+1 b" predicts nothing on them and nothing moves either."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 5, "c": 4}
+    util = {"a": 0.25, "b": 1.0, "c": 0.5}
+
+    def run(by_capacity, c_reads=(1000.0, 1500.0), ticks=12):
+        runner = _AlwaysWants(0)  # the net holds
+        runner.scaling_margin = None  # the shield alone
+        runner.held_mean_by_capacity = by_capacity
+        runner.sized_shield = False  # one slot a move: the bar is for "+1"
+        fs = FeatureState(list(alloc))
+        fs.scaling.noise.update({"b": 0.3, "c": 0.3})
+        for i in range(ticks):
+            b, c = (1200.0, c_reads[0]) if i % 2 == 0 else (800.0, c_reads[1])
+            obs = _obs({"a": 4000.0, "b": b, "c": c}, alloc, min(b, c), util=util)
+            new, what = runner.act(replace(obs, t=10.0 + i), alloc, specs, 13.0, fs)
+            if new is not None:
+                return i, new, what
+        return None
+
+    i, new, what = run(True)
+    assert (i, new) == (5, {"a": 3, "b": 6, "c": 4}), (i, new, what)
+    assert what == ('+1 b: the least capacity over the last 6 holds (1,000 samples/s on average), its "+1"'
+                    ' predicting +20% from the averages; a mean of 6 must clear 18% (one reading 25%)'), what
+    assert run(False) is None
+    assert run(True, c_reads=(1000.0, 1000.0)) is None  # c's mean is b's: a tie
 
 
 def test_a_measured_rise_in_cost_per_row_lets_the_noisy_bottleneck_grow_back_past_the_noise_bar():

@@ -111,9 +111,10 @@ class FeatureState:
         #: when a cost shift was last told: what was delivered before it floors no busy reading after
         #: (``note_busy_capacity``'s ``floor_min_span_s``)
         self.cost_shift_t: float = -math.inf
-        #: the latest holds, each (tick, the allocation, the bottleneck, its "+1"'s predicted gain)
-        #: (``note_held_gain``; rl's ``held_mean_ticks``)
-        self.held_gains: deque[tuple[float, tuple[tuple[str, int], ...], str, float]] = deque(maxlen=HELD_GAIN_TICKS)
+        #: the latest holds, each (tick, the allocation, the bottleneck, its "+1"'s predicted gain, every
+        #: operator's capacity) (``note_held_gain``; rl's ``held_mean_ticks``)
+        self.held_gains: deque[tuple[float, tuple[tuple[str, int], ...], str, float, dict[str, float | None]]] = \
+            deque(maxlen=HELD_GAIN_TICKS)
 
     def note_move(self, t: float, before: Mapping[str, int], after: Mapping[str, int], hold_s: float | None,
                   within_s: float) -> None:
@@ -252,18 +253,21 @@ class FeatureState:
         if changed:
             self.steps_since_action = 0
 
-    def note_held_gain(self, t: float, alloc: Mapping[str, int], bottleneck: str, gain: float) -> None:
-        """A hold at ``alloc`` with ``bottleneck`` binding, its "+1" predicted to gain ``gain``."""
-        self.held_gains.append((t, tuple(sorted(alloc.items())), bottleneck, gain))
+    def note_held_gain(self, t: float, alloc: Mapping[str, int], bottleneck: str, gain: float,
+                       caps: Mapping[str, float | None]) -> None:
+        """A hold at ``alloc`` with ``bottleneck`` binding, its "+1" predicted to gain ``gain``, the operators
+        read at ``caps``."""
+        self.held_gains.append((t, tuple(sorted(alloc.items())), bottleneck, gain, dict(caps)))
 
-    def held_at(self, alloc: Mapping[str, int], since: float) -> list[tuple[str, float]]:
-        """(bottleneck, predicted gain) of the latest holds in a row at ``alloc``, each after ``since``."""
+    def held_at(self, alloc: Mapping[str, int], since: float) -> list[tuple[str, float, dict[str, float | None]]]:
+        """(bottleneck, predicted gain, capacities) of the latest holds in a row at ``alloc``, each after
+        ``since``."""
         key = tuple(sorted(alloc.items()))
-        out: list[tuple[str, float]] = []
-        for t, at, name, gain in reversed(self.held_gains):
+        out: list[tuple[str, float, dict[str, float | None]]] = []
+        for t, at, name, gain, caps in reversed(self.held_gains):
             if at != key or t <= since:
                 break
-            out.append((name, gain))
+            out.append((name, gain, caps))
         return out[::-1]
 
     def tick(self) -> None:

@@ -424,6 +424,12 @@ class RLPolicyRunner:
     #: of the optimum (tuner/README.md, run 74f)
     held_mean_ticks: int | None = 6
     held_mean_share: float = 0.7
+    #: ... judged on each operator's capacity averaged over those holds instead: the least binds, and its "+1"
+    #: predicted on the averages must clear the same bar; no share of holds asked (policy option
+    #: ``rl_held_mean_by_capacity``). Live, per_task_overhead's hash at 5 slots (about 10,000 samples/s on
+    #: average) and feature_cross at 4 (about 15,000) read 6,600-13,400 and 10,800-22,500 and took turns to
+    #: bind, the hash in 4 of 6 holds, for 38 s (tuner/README.md, run 75d)
+    held_mean_by_capacity: bool = False
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -782,41 +788,51 @@ class RLPolicyRunner:
         names = [s.name for s in specs[:K_MAX]]
         model = self._model_limits(limits, alloc, fs)
 
-        def grown(name: str) -> tuple[Allocation, float] | None:
-            """"+1" ``name`` as the shield's linear model makes it, and its predicted gain (None: no such move)."""
+        def grown(name: str, read: Mapping[str, float | None]) -> tuple[Allocation, float] | None:
+            """"+1" ``name`` as the shield's linear model makes it from the capacities ``read``, and its predicted
+            gain (None: no such move)."""
             k = names.index(name)
             if not mask[1 + k] or (name in limits and alloc[name] >= limits[name]):
                 return None
-            now = predicted_bottleneck(alloc, caps, alloc, model)
-            new = apply_action(1 + k, alloc, specs, budget, caps, memory_bound, model)
+            now = predicted_bottleneck(alloc, read, alloc, model)
+            new = apply_action(1 + k, alloc, specs, budget, read, memory_bound, model)
             if not math.isfinite(now) or now <= 0 or new == alloc:
                 return None
-            return new, predicted_bottleneck(alloc, caps, new, model) / now - 1.0
+            return new, predicted_bottleneck(alloc, read, new, model) / now - 1.0
 
         b = _least(caps)
         if b not in names:
             return None
-        now = grown(b)
-        fs.note_held_gain(obs.t, alloc, b, 0.0 if now is None else max(now[1], 0.0))
+        now = grown(b, caps)
+        fs.note_held_gain(obs.t, alloc, b, 0.0 if now is None else max(now[1], 0.0), caps)
         n = self.held_mean_ticks
         held = fs.held_at(alloc, fs.cost_shift_t)[-n:]
         if len(held) < n:
             return None
-        bound = [name for name, _ in held]
-        name = max(set(bound), key=bound.count)
-        if bound.count(name) < self.held_mean_share * n:
-            return None  # operators taking turns to bind: their noise
-        mean = sum(g for m, g in held if m == name) / n
+        if self.held_mean_by_capacity:
+            means = {m: float(np.mean(read)) if len(read := [c[m] for _, _, c in held if c.get(m) is not None]) == n
+                     else None for m in caps}
+            name = _least(means)
+            move = grown(name, means) if name in names else None
+            mean = 0.0 if move is None else move[1]
+            why = (f"the least capacity over the last {n} holds ({means.get(name) or 0:,.0f} samples/s on average),"
+                   f" its \"+1\" predicting {mean:+.0%} from the averages")
+        else:
+            bound = [m for m, _, _ in held]
+            name = max(set(bound), key=bound.count)
+            if bound.count(name) < self.held_mean_share * n:
+                return None  # operators taking turns to bind: their noise
+            mean = sum(g for m, g, _ in held if m == name) / n
+            move = grown(name, caps)
+            why = f"the bottleneck in {bound.count(name)} of the last {n} holds, its \"+1\" predicting {mean:+.0%} on average"
         # what overrides a hold of the net's on one reading (``hold_override_gain``), on the mean's noise
         least = self.shield_min_gain if self.hold_override_gain is None else self.hold_override_gain
         bar = max(least, self.shield_noise_k * fs.scaling.noise.get(name, 0.0) / math.sqrt(n))
-        move = grown(name)
         if mean < bar or move is None or (self.scaling_margin is not None
                                           and not self._measured_enough(fs, name, alloc[name])):
             return None
         fs.held_gains.clear()  # judged: the next holds are at the allocation it makes
-        return move[0], (f"+1 {name}: the bottleneck in {bound.count(name)} of the last {n} holds, its \"+1\" predicting"
-                         f" {mean:+.0%} on average; a mean of {n} must clear {bar:.0%} (one reading {min_gain:.0%})")
+        return move[0], f"+1 {name}: {why}; a mean of {n} must clear {bar:.0%} (one reading {min_gain:.0%})"
 
     def _override_bar(self, min_gain: float) -> float | None:
         """The predicted gain from which a "+1" overrides a hold of the net's (None: never)."""
