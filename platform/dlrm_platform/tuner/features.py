@@ -257,12 +257,12 @@ class FeatureState:
                        caps: Mapping[str, float | None]) -> None:
         """A hold at ``alloc`` with ``bottleneck`` binding, its "+1" predicted to gain ``gain``, the operators
         read at ``caps``."""
-        self.held_gains.append((t, tuple(sorted(alloc.items())), bottleneck, gain, dict(caps)))
+        self.held_gains.append((t, AllocationThroughput.key(alloc), bottleneck, gain, dict(caps)))
 
     def held_at(self, alloc: Mapping[str, int], since: float) -> list[tuple[str, float, dict[str, float | None]]]:
         """(bottleneck, predicted gain, capacities) of the latest holds in a row at ``alloc``, each after
         ``since``."""
-        key = tuple(sorted(alloc.items()))
+        key = AllocationThroughput.key(alloc)
         out: list[tuple[str, float, dict[str, float | None]]] = []
         for t, at, name, gain, caps in reversed(self.held_gains):
             if at != key or t <= since:

@@ -761,12 +761,11 @@ class RLPolicyRunner:
             return f" ({b}, the bottleneck, is at its measured limit of {limits[b]} slots)"
         if self.scaling_margin is not None and not self._measured_enough(fs, b, alloc[b]):
             return f" ({b}, the bottleneck, is not yet measured steady at {alloc[b]} slots)"
-        model = self._model_limits(limits, alloc, fs)
-        now = predicted_bottleneck(alloc, caps, alloc, model)
-        grown = apply_action(1 + k, alloc, specs, budget, caps, memory_bound, model)
-        if not math.isfinite(now) or now <= 0 or grown == alloc:
+        plus_one = self._plus_one(1 + k, alloc, specs, budget, caps, memory_bound,
+                                  self._model_limits(limits, alloc, fs))
+        if plus_one is None:
             return ""
-        gain = predicted_bottleneck(alloc, caps, grown, model) / now - 1.0
+        gain = plus_one[1]
         what = f"+1 {b}"
         if self.sized_shield and self._waited_on(obs, alloc, fs, b):
             sized = self._sized_move(1 + k, alloc, specs, budget, caps, limits, fs, memory_bound, min_gain)
@@ -789,16 +788,10 @@ class RLPolicyRunner:
         model = self._model_limits(limits, alloc, fs)
 
         def grown(name: str, read: Mapping[str, float | None]) -> tuple[Allocation, float] | None:
-            """"+1" ``name`` as the shield's linear model makes it from the capacities ``read``, and its predicted
-            gain (None: no such move)."""
             k = names.index(name)
             if not mask[1 + k] or (name in limits and alloc[name] >= limits[name]):
                 return None
-            now = predicted_bottleneck(alloc, read, alloc, model)
-            new = apply_action(1 + k, alloc, specs, budget, read, memory_bound, model)
-            if not math.isfinite(now) or now <= 0 or new == alloc:
-                return None
-            return new, predicted_bottleneck(alloc, read, new, model) / now - 1.0
+            return self._plus_one(1 + k, alloc, specs, budget, read, memory_bound, model)
 
         b = _least(caps)
         if b not in names:
@@ -826,13 +819,25 @@ class RLPolicyRunner:
             move = grown(name, caps)
             why = f"the bottleneck in {bound.count(name)} of the last {n} holds, its \"+1\" predicting {mean:+.0%} on average"
         # what overrides a hold of the net's on one reading (``hold_override_gain``), on the mean's noise
-        least = self.shield_min_gain if self.hold_override_gain is None else self.hold_override_gain
+        least = self._override_bar(self.shield_min_gain) or self.shield_min_gain
         bar = max(least, self.shield_noise_k * fs.scaling.noise.get(name, 0.0) / math.sqrt(n))
         if mean < bar or move is None or (self.scaling_margin is not None
                                           and not self._measured_enough(fs, name, alloc[name])):
             return None
         fs.held_gains.clear()  # judged: the next holds are at the allocation it makes
         return move[0], f"+1 {name}: {why}; a mean of {n} must clear {bar:.0%} (one reading {min_gain:.0%})"
+
+    @staticmethod
+    def _plus_one(a: int, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
+                  caps: Mapping[str, float | None], memory_bound: bool,
+                  model: dict[str, int] | None) -> tuple[Allocation, float] | None:
+        """Action ``a`` ("+1" an operator) as the shield's linear model makes it from ``caps``, and the
+        bottleneck's predicted relative gain from it (None: nothing to predict from, or no such move)."""
+        now = predicted_bottleneck(alloc, caps, alloc, model)
+        new = apply_action(a, alloc, specs, budget, caps, memory_bound, model)
+        if not math.isfinite(now) or now <= 0 or new == alloc:
+            return None
+        return new, predicted_bottleneck(alloc, caps, new, model) / now - 1.0
 
     def _override_bar(self, min_gain: float) -> float | None:
         """The predicted gain from which a "+1" overrides a hold of the net's (None: never)."""
