@@ -117,6 +117,33 @@ def test_controller_masks_any_proposal_to_the_budget():
     assert tick["budget"] == 2.0
 
 
+def test_a_pass_ended_before_its_second_tick_is_observed_at_its_end_and_a_longer_one_is_left_as_ticked():
+    spec = TunerSpec("e", "auto", 4.0, [OpSpec("a", 1.0, initial=2), OpSpec("b", 1.0, initial=2)])
+    ctl = Controller(spec)
+
+    def snap(t: float, rows: int) -> RawSnapshot:
+        return RawSnapshot(t, {n: RawOp(rows_out=rows, slot_seconds=2 * t) for n in ("a", "b")}, rows)
+
+    ctl.start_epoch()
+    assert ctl.tick(snap(0.0, 0), budget=4.0) is None  # the first snapshot only opens the window
+    ctl.observe_at_end(snap(0.5, 400), budget=4.0)
+    ctl.end_epoch("succeeded")
+    recs = ctl.pop_records()
+    # auto's choice is made and recorded as the execution starts, not at its first observation
+    assert [r["type"] for r in recs[:2]] == ["epoch_start", "note"] and recs[1]["choice"] == "plumber"
+    (tick,) = [r for r in recs if r["type"] == "tick"]
+    assert tick["decision"] is None and tick["throughput"] == pytest.approx(800.0)
+    assert tick["allocation"] == {"a": 2, "b": 2}
+    assert [r for r in recs if r["type"] == "report"][0]["report"] is not None
+
+    ctl.start_epoch()
+    ctl.tick(snap(10.0, 1000), budget=4.0)
+    ctl.tick(snap(11.0, 2000), budget=4.0)
+    ctl.observe_at_end(snap(11.1, 2001), budget=4.0)  # draining: not a reading to keep
+    ticks = [r for r in ctl.pop_records() if r["type"] == "tick"]
+    assert [t["throughput"] for t in ticks] == [pytest.approx(1000.0)]
+
+
 SHIFT_AT, WITHIN = 45, 30
 
 

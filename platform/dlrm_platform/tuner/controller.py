@@ -90,9 +90,11 @@ class Controller:
         self.last_obs = None  # the report at the end covers this execution only
         if tuned is not None:
             self.tuned = [n for n in self.cpus if n in tuned]
-        self.policy.start_execution(self.epoch)
+        self.policy.start_execution(self.epoch, [o for o in self.spec.ops if o.name in self.tuned])
         self._record({"type": "epoch_start", "allocation": dict(self.allocation),
                       "tuned": self.tuned, "fused": fused or {}, "missing": missing or []})
+        for note in self.policy.pop_notes():
+            self._record({"type": "note", **note})
 
     def end_epoch(self, how: str) -> None:
         self._record({"type": "epoch_end", "how": how, "allocation": dict(self.allocation)})
@@ -116,14 +118,11 @@ class Controller:
     def tick(self, snap: RawSnapshot, budget: float) -> Allocation | None:
         """Push a snapshot; returns the new allocation when it changed."""
         budget = min(budget, self.spec.cpu_budget)
-        self.observer.push(snap, {n: self.allocation[n] for n in self.tuned})
-        alloc = {n: self.allocation[n] for n in self.tuned}
-        specs = [o for o in self.spec.ops if o.name in self.tuned]
-        obs = self.observer.observation(alloc, self.cpus, budget,
-                                        samples_per_sink_row=float(self.spec.options.get("samples_per_sink_row", 1.0)))
+        obs = self._observe(snap, budget)
         if obs is None:
             return None
-        self.last_obs = obs
+        alloc = {n: self.allocation[n] for n in self.tuned}
+        specs = [o for o in self.spec.ops if o.name in self.tuned]
         decision = None
         changed = None
         explanation = None
@@ -155,6 +154,27 @@ class Controller:
                     self.set_block_rows(rows, snap.t)
         self._record_tick(obs, decision, budget, explanation, snap)
         return dict(self.allocation) if changed is not None else None
+
+    def observe_at_end(self, snap: RawSnapshot, budget: float) -> None:
+        """Record the execution's last snapshot as a tick, without a decision, where no tick has
+        observed it yet: a pass that ends before its second ``interval_s`` (the first snapshot only
+        starts the window) still leaves its throughput, allocation and report on record. A longer
+        one's record is left as its ticks took it: a reading taken while it drains is no steady figure."""
+        if self.last_obs is not None:
+            return
+        budget = min(budget, self.spec.cpu_budget)
+        obs = self._observe(snap, budget)
+        if obs is not None:
+            self._record_tick(obs, None, budget, None, snap)
+
+    def _observe(self, snap: RawSnapshot, budget: float) -> Observation | None:
+        self.observer.push(snap, {n: self.allocation[n] for n in self.tuned})
+        alloc = {n: self.allocation[n] for n in self.tuned}
+        obs = self.observer.observation(alloc, self.cpus, budget,
+                                        samples_per_sink_row=float(self.spec.options.get("samples_per_sink_row", 1.0)))
+        if obs is not None:
+            self.last_obs = obs
+        return obs
 
     def set_block_rows(self, rows: int, t: float) -> None:
         """Resize the blocks read from now on; every operator's per-slot figures start over."""

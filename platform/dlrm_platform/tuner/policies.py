@@ -66,11 +66,17 @@ class Policy:
     def on_epoch_start(self, epoch: int) -> None:
         pass
 
-    def start_execution(self, epoch: int) -> None:
-        """A new execution (each epoch's pass): a block-size step in flight is void, then the policy's own reset."""
+    def start_execution(self, epoch: int, specs: Sequence[OpSpec] | None = None) -> None:
+        """A new execution (each epoch's pass) over the operators ``specs`` tunes: a block-size step in
+        flight is void, then the policy's own reset."""
         if self.block_sizer is not None:
             self.block_sizer.forget()
         self.on_epoch_start(epoch)
+        if specs is not None:
+            self.on_execution_operators(specs)
+
+    def on_execution_operators(self, specs: Sequence[OpSpec]) -> None:
+        """The operators this execution tunes, known before its first observation."""
 
     def _with_blocks(self, text: str) -> str:
         """``describe``'s text, with the block sizer's state where it steers one."""
@@ -994,7 +1000,7 @@ class AutoPolicy(Policy):
     * An epoch the epoch cache replays runs no pipeline: there is nothing to steer, and the
       job's tuner report says so (``TunerHandle.log_to_mlflow``).
 
-    Its choice is recorded once per execution (``note`` records, the run's tuner history).
+    Its choice is recorded once per execution, as it starts (``note`` records, the run's tuner history).
     """
 
     name = "auto"
@@ -1007,9 +1013,13 @@ class AutoPolicy(Policy):
         self._steer_block_rows()
 
     def on_epoch_start(self, epoch: int) -> None:
-        self.choice = None  # re-decided on the execution's first observation
+        self.choice = None  # re-decided for the execution's operators
         if self.inner is not None:
             self.inner.on_epoch_start(epoch)
+
+    def on_execution_operators(self, specs: Sequence[OpSpec]) -> None:
+        # chosen as the execution starts, so that a pass too short to observe still records the choice
+        self._choose(specs)
 
     def on_block_rows_change(self) -> None:
         if self.inner is not None:

@@ -462,12 +462,22 @@ class TunerCallback(ExecutionCallback):
         if self._ctl is None:
             return
         try:
+            self._observe_at_end()
             self._ctl.end_epoch(how)
             self._emit(self._ctl.pop_records())
         finally:
             self._ctl.unbind()
             self._ctl = None
             self._b = None
+
+    def _observe_at_end(self) -> None:
+        """A pass shorter than two ``interval_s`` was never observed by a tick; its end is."""
+        try:
+            self._b.sample()
+            snap = self._b.snapshot(self._spec.object_store_limit_bytes or math.inf, self._data_wait)
+            self._ctl.observe_at_end(snap, min(self._spec.cpu_budget, self._b.cpu_limit()))
+        except Exception as err:  # noqa: BLE001 - the record of an ended pass must not fail it
+            log.warning("tuner: the pass's last observation failed: %s", err, exc_info=True)
 
     # -- telemetry
     def _connect_recorder(self) -> None:
