@@ -650,17 +650,21 @@ def test_with_held_mean_by_capacity_operators_taking_turns_to_bind_are_judged_on
     under ``held_mean_share``, though b's mean (1,000) is under c's (1,250) (live, per_task_overhead's hash
     and feature_cross, run 75d). On the capacities averaged over the holds, "+1 b" predicts +20% and clears
     1.5 x 30% / sqrt(6): with ``held_mean_by_capacity`` b grows; without, nothing moves. Where their means tie,
-    "+1 b" predicts nothing on them and nothing moves either."""
+    "+1 b" predicts nothing on them and nothing moves either; nor where b was measured at 7 slots no faster
+    than at 5 (live, the contended lookup grew past its peak on averages, run 75e)."""
     specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
     alloc = {"a": 4, "b": 5, "c": 4}
     util = {"a": 0.25, "b": 1.0, "c": 0.5}
 
-    def run(by_capacity, c_reads=(1000.0, 1500.0), ticks=12):
+    def run(by_capacity, c_reads=(1000.0, 1500.0), ticks=12, b_at_7=None):
         runner = _AlwaysWants(0)  # the net holds
         runner.scaling_margin = None  # the shield alone
         runner.held_mean_by_capacity = by_capacity
         runner.sized_shield = False  # one slot a move: the bar is for "+1"
         fs = FeatureState(list(alloc))
+        if b_at_7 is not None:
+            fs.scaling.record({"b": 7}, {"b": b_at_7})
+            fs.scaling.record({"b": 5}, {"b": 1000.0})
         fs.scaling.noise.update({"b": 0.3, "c": 0.3})
         for i in range(ticks):
             b, c = (1200.0, c_reads[0]) if i % 2 == 0 else (800.0, c_reads[1])
@@ -672,10 +676,13 @@ def test_with_held_mean_by_capacity_operators_taking_turns_to_bind_are_judged_on
 
     i, new, what = run(True)
     assert (i, new) == (5, {"a": 3, "b": 6, "c": 4}), (i, new, what)
-    assert what == ('+1 b: the least capacity over the last 6 holds (1,000 samples/s on average), its "+1"'
-                    ' predicting +20% from the averages; a mean of 6 must clear 18% (one reading 25%)'), what
+    assert what == ('+1 b: the least capacity over the last 6 holds, in which 2 operators took turns to bind'
+                    ' (1,000 samples/s on average), its "+1" predicting +20% from the averages; a mean of 6 must'
+                    ' clear 18% (one reading 25%)'), what
     assert run(False) is None
     assert run(True, c_reads=(1000.0, 1000.0)) is None  # c's mean is b's: a tie
+    assert run(True, b_at_7=950.0) is None  # more of b measured no faster
+    assert run(True, b_at_7=1350.0)[:2] == (5, {"a": 3, "b": 6, "c": 4})  # more of b measured faster
 
 
 def test_a_measured_rise_in_cost_per_row_lets_the_noisy_bottleneck_grow_back_past_the_noise_bar():

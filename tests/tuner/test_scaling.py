@@ -1024,3 +1024,14 @@ def test_with_superlinear_tolerance_a_burst_above_a_linear_gain_is_neither_a_pea
     _measure(peak, "h", 6, 5600.0)
     _measure(peak, "h", 9, 4500.0)
     assert peak.limit("h") == 6 and peak.better("h", 9, 0.1) == 6
+
+
+def test_a_larger_count_measured_no_faster_is_told():
+    mem = ScalingMemory(["a"])
+    assert not mem.measured_no_faster_above("a", 4)  # nothing measured
+    mem.record({"a": 4}, {"a": 400.0})
+    mem.record({"a": 6}, {"a": 560.0})
+    assert not mem.measured_no_faster_above("a", 4) and not mem.measured_no_faster_above("a", 6)
+    mem.record({"a": 8}, {"a": 540.0})
+    assert mem.measured_no_faster_above("a", 6) and not mem.measured_no_faster_above("a", 4)
+    assert not mem.measured_no_faster_above("a", 5)  # 5 itself never measured

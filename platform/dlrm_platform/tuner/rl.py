@@ -424,11 +424,13 @@ class RLPolicyRunner:
     #: of the optimum (tuner/README.md, run 74f)
     held_mean_ticks: int | None = 6
     held_mean_share: float = 0.7
-    #: ... judged on each operator's capacity averaged over those holds instead: the least binds, and its "+1"
-    #: predicted on the averages must clear the same bar; no share of holds asked (policy option
-    #: ``rl_held_mean_by_capacity``). Live, per_task_overhead's hash at 5 slots (about 10,000 samples/s on
-    #: average) and feature_cross at 4 (about 15,000) read 6,600-13,400 and 10,800-22,500 and took turns to
-    #: bind, the hash in 4 of 6 holds, for 38 s (tuner/README.md, run 75d)
+    #: where no operator bound in ``held_mean_share`` of those holds (operators taking turns to bind), they
+    #: are judged on each operator's capacity averaged over them: the least grows when its "+1" predicted on
+    #: the averages clears the same bar, unless a larger count of it was measured no faster than its slots
+    #: now (policy option ``rl_held_mean_by_capacity``). Live, per_task_overhead's hash at 5 slots (about
+    #: 10,000 samples/s on average) and feature_cross at 4 (about 15,000) read 6,600-13,400 and 10,800-22,500
+    #: and took turns to bind, the hash in 4 of 6 holds, for 38 s (tuner/README.md, run 75d); judged on the
+    #: averages alone, in every hold, the contended lookup grew past its peak (run 75e)
     held_mean_by_capacity: bool = False
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
@@ -802,22 +804,28 @@ class RLPolicyRunner:
         held = fs.held_at(alloc, fs.cost_shift_t)[-n:]
         if len(held) < n:
             return None
-        if self.held_mean_by_capacity:
-            means = {m: float(np.mean(read)) if len(read := [c[m] for _, _, c in held if c.get(m) is not None]) == n
-                     else None for m in caps}
-            name = _least(means)
-            move = grown(name, means) if name in names else None
-            mean = 0.0 if move is None else move[1]
-            why = (f"the least capacity over the last {n} holds ({means.get(name) or 0:,.0f} samples/s on average),"
-                   f" its \"+1\" predicting {mean:+.0%} from the averages")
-        else:
-            bound = [m for m, _, _ in held]
-            name = max(set(bound), key=bound.count)
-            if bound.count(name) < self.held_mean_share * n:
-                return None  # operators taking turns to bind: their noise
+        bound = [m for m, _, _ in held]
+        name = max(set(bound), key=bound.count)
+        if bound.count(name) >= self.held_mean_share * n:
             mean = sum(g for m, g, _ in held if m == name) / n
             move = grown(name, caps)
             why = f"the bottleneck in {bound.count(name)} of the last {n} holds, its \"+1\" predicting {mean:+.0%} on average"
+        elif self.held_mean_by_capacity:
+            # operators taking turns to bind: the one of least capacity on average, unless more of its slots
+            # were measured to deliver no more than its slots now do (live, the contended lookup grew 9 -> 11
+            # past its peak on averages whose linear model knew nothing of that peak, run 75e)
+            means = {m: float(np.mean(read)) if len(read := [c[m] for _, _, c in held if c.get(m) is not None]) == n
+                     else None for m in caps}
+            name = _least(means)
+            if name not in names or fs.scaling.measured_no_faster_above(name, alloc[name]):
+                return None
+            move = grown(name, means)
+            mean = 0.0 if move is None else move[1]
+            why = (f"the least capacity over the last {n} holds, in which {len(set(bound))} operators took turns to"
+                   f" bind ({means.get(name) or 0:,.0f} samples/s on average), its \"+1\" predicting {mean:+.0%}"
+                   " from the averages")
+        else:
+            return None  # operators taking turns to bind: their noise
         # what overrides a hold of the net's on one reading (``hold_override_gain``), on the mean's noise
         least = self._override_bar(self.shield_min_gain) or self.shield_min_gain
         bar = max(least, self.shield_noise_k * fs.scaling.noise.get(name, 0.0) / math.sqrt(n))

@@ -346,6 +346,12 @@ class ScalingMemory:
         both = self.delivered_past(name, now, limit)
         return both is not None and both[0] <= both[1] * (1.0 - drop)
 
+    def measured_no_faster_above(self, name: str, k: int) -> bool:
+        """A count of ``name`` larger than ``k`` measured at no more capacity than ``k`` (False where ``k``
+        itself is not measured)."""
+        curve = self.settled(name)
+        return k in curve and any(c <= curve[k] for j, c in curve.items() if j > k)
+
     def measured_often(self, name: str, k: int) -> bool:
         """``k`` measured ``now_measurements`` times: the count an operator runs at is measured again
         every window, so it is compared only once its figure is steadier."""
