@@ -381,8 +381,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 30,
             "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None, "rl_limit_outlives_lower": None,
             "rl_rise_floor_delivered_s": 4, "rl_busy_floor_delivered_s": None, "rl_donor_keeps_told_after_s": None,
-            "rl_held_mean_ticks": None, "rl_held_mean_by_capacity": True,
-            "rl_donor_reads_typical": not RLPolicyRunner.donor_reads_typical}
+            "rl_held_mean_ticks": None, "rl_held_mean_by_capacity": True}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -410,7 +409,6 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.donor_keeps_told_after_s is None and plain.runner.donor_keeps_told_after_s == 10.0
     assert with_options.runner.held_mean_ticks is None and plain.runner.held_mean_ticks == 6
     assert with_options.runner.held_mean_by_capacity and not plain.runner.held_mean_by_capacity
-    assert with_options.runner.donor_reads_typical != plain.runner.donor_reads_typical
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -1345,32 +1343,3 @@ def test_a_cost_shifts_tell_lifts_what_was_taken_back():
     obs = _obs({"a": 4000.0, "b": 500.0}, alloc, 500.0)
     policy.decide(replace(obs, extra={**obs.extra, "cost_shifts": {"b": 2.0}}), alloc, specs, 8.0)
     assert policy.fs.taken_back == {}
-
-
-def test_with_donor_reads_typical_a_move_must_pay_with_its_donors_at_their_typical_readings():
-    """b binds at 1,000 samples/s (5 slots, 10% noise: the bar is 15%); a reads 1,600 at 4 slots this tick
-    where its busy readings put it at 300 a slot (1,200). On this tick's readings "+1 b" takes a's slot and
-    predicts +20%; with a at its typical 1,200 the donor is c (1,125 left at 3 slots), and the move predicts
-    +12.5%: held, the hold naming both figures (live, per_task_overhead's donors gave slots on single high
-    readings, run 77). Where a's reading is its typical one, the move is made either way."""
-    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
-    alloc = {"a": 4, "b": 5, "c": 4}
-
-    def act(typical, a_per_slot=300.0):
-        runner = _AlwaysWants(2)  # "+1 b"
-        runner.scaling_margin = None  # the shield alone
-        runner.donor_reads_typical = typical
-        fs = FeatureState(list(alloc))
-        fs.scaling.noise["b"] = 0.1
-        fs.busy_capacity_per_slot.update({"a": a_per_slot, "b": 200.0, "c": 375.0})
-        obs = _obs({"a": 1600.0, "b": 1000.0, "c": 1500.0}, alloc, 1000.0)
-        return runner.act(obs, alloc, specs, 13.0, fs)
-
-    new, what = act(False)
-    assert new == {"a": 3, "b": 6, "c": 4}, what
-    held, what = act(True)
-    assert held is None, what
-    assert "+1 b, the bottleneck, predicts +12% on the others' typical readings (+20% on this tick's)" in what, what
-    new, what = act(True, a_per_slot=400.0)  # its reading is its typical one: a gives its slot as before
-    assert new == {"a": 3, "b": 6, "c": 4}, what
-

@@ -432,15 +432,6 @@ class RLPolicyRunner:
     #: and took turns to bind, the hash in 4 of 6 holds, for 38 s (tuner/README.md, run 75d); judged on the
     #: averages alone, in every hold, the contended lookup grew past its peak (run 75e)
     held_mean_by_capacity: bool = False
-    #: a "+1" reads every other operator (its donors, and what bounds the pipeline after it) at no more than
-    #: its busy capacity per slot (``FeatureState.busy_capacity_per_slot``, the median of its last busy
-    #: readings) times its slots now, where that is less than this tick's reading: the move must pay on
-    #: both (policy option ``rl_donor_reads_typical``). A gain on paper is the bottleneck's low reading
-    #: against the rest's, and a donor's high one inflates it as much: live, per_task_overhead's parse read
-    #: 29,400 samples/s at 6 slots (17,000-20,000 the ticks before) and gave 2 slots to feature_cross,
-    #: "+1 feature_cross" predicting +28% against a bar of 25%; the allocation then traded a slot a move
-    #: every 4-8 s in the steady window, each on one donor's high reading (tuner/README.md, run 77)
-    donor_reads_typical: bool = False
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -661,8 +652,7 @@ class RLPolicyRunner:
                 most = max(most, min(self._within_limit(name, alloc, limits), target - alloc[name]))
             elif (told := self.starved_donor(obs, fs, name)) is not None and name == _least(caps):
                 most = min(most, told - alloc[name])  # on the credit's bar: back toward its slots, not past
-        made_on = self._donor_caps(caps, name, alloc, fs) if 1 <= a <= min(K_MAX, len(specs)) else caps
-        new = grow_while_it_pays(a, alloc, moving, budget, made_on, max_slots=most,
+        new = grow_while_it_pays(a, alloc, moving, budget, caps, max_slots=most,
                                  min_gain=self.shield_min_gain, memory_bound=memory_bound,
                                  limits=self._model_limits(limits, alloc, fs))
         what = describe_action(a, [s.name for s in specs])
@@ -705,36 +695,14 @@ class RLPolicyRunner:
         """The actions of ``mask`` the shield allows: those predicted to raise the bottleneck by ``min_gain``
         (``vetoed_actions``), and with ``sized_shield`` a "+1" whose move, as the runner would size it,
         is (``_sized_move``), for an operator the rest of the pipeline waits on (``_waited_on``)."""
-        model = self._model_limits(limits, alloc, fs)
-        allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, min_gain, memory_bound, model)
+        allowed = mask & ~vetoed_actions(mask, alloc, specs, budget, caps, min_gain, memory_bound,
+                                         self._model_limits(limits, alloc, fs))
         if self.sized_shield:
             for k in range(min(K_MAX, len(specs))):
                 if mask[1 + k] and not allowed[1 + k] and self._waited_on(obs, alloc, fs, specs[k].name):
-                    sized = self._sized_move(1 + k, alloc, specs, budget, self._donor_caps(caps, specs[k].name, alloc, fs),
-                                             limits, fs, memory_bound, min_gain)
+                    sized = self._sized_move(1 + k, alloc, specs, budget, caps, limits, fs, memory_bound, min_gain)
                     allowed[1 + k] = sized is not None and sized[1] >= min_gain
-        if self.donor_reads_typical:
-            for k in range(min(K_MAX, len(specs))):
-                if allowed[1 + k]:
-                    one = np.zeros_like(mask)
-                    one[1 + k] = True
-                    typical = self._donor_caps(caps, specs[k].name, alloc, fs)
-                    allowed[1 + k] = not vetoed_actions(one, alloc, specs, budget, typical, min_gain, memory_bound,
-                                                        model)[1 + k]
         return allowed
-
-    def _donor_caps(self, caps: dict[str, float | None], name: str, alloc: Allocation,
-                    fs: FeatureState) -> dict[str, float | None]:
-        """The capacities a "+1 ``name``" is judged and made on (``donor_reads_typical``): every other operator's
-        at no more than its busy capacity per slot times its slots now (``caps`` where off)."""
-        if not self.donor_reads_typical:
-            return caps
-        out = dict(caps)
-        for n, c in caps.items():
-            per_slot = fs.busy_capacity_per_slot.get(n)
-            if n != name and c is not None and per_slot is not None and alloc.get(n, 0) > 0:
-                out[n] = min(c, per_slot * alloc[n])
-        return out
 
     def _model_limits(self, limits: dict[str, int], alloc: Allocation, fs: FeatureState) -> dict[str, int] | None:
         """The measured limits the shield's linear model knows (``flat_past_limit``): those of operators
@@ -795,29 +763,23 @@ class RLPolicyRunner:
             return f" ({b}, the bottleneck, is at its measured limit of {limits[b]} slots)"
         if self.scaling_margin is not None and not self._measured_enough(fs, b, alloc[b]):
             return f" ({b}, the bottleneck, is not yet measured steady at {alloc[b]} slots)"
-        read = self._donor_caps(caps, b, alloc, fs)  # as the shield read it
-        plus_one = self._plus_one(1 + k, alloc, specs, budget, read, memory_bound,
+        plus_one = self._plus_one(1 + k, alloc, specs, budget, caps, memory_bound,
                                   self._model_limits(limits, alloc, fs))
         if plus_one is None:
             return ""
         gain = plus_one[1]
         what = f"+1 {b}"
         if self.sized_shield and self._waited_on(obs, alloc, fs, b):
-            sized = self._sized_move(1 + k, alloc, specs, budget, read, limits, fs, memory_bound, min_gain)
+            sized = self._sized_move(1 + k, alloc, specs, budget, caps, limits, fs, memory_bound, min_gain)
             if sized is not None and sized[1] > gain:  # the bar was the sized move's: name that move
                 new, gain = sized
                 what = f"+{new[b] - alloc[b]} {b}"
-        on = ""
-        if read is not caps and (raw := self._plus_one(1 + k, alloc, specs, budget, caps, memory_bound,
-                                                       self._model_limits(limits, alloc, fs))) is not None \
-                and raw[1] > plus_one[1] + 0.005:
-            on = f" on the others' typical readings ({raw[1]:+.0%} on this tick's)"
         override = self._override_bar(min_gain)
         if gain >= min_gain and override is not None and gain < override:
             # the shield allows it: the net held, and its hold is overridden only from ``hold_override_gain``
-            return (f" ({what}, the bottleneck, predicts {gain:+.0%}{on}, over the {min_gain:.0%} a move must clear;"
+            return (f" ({what}, the bottleneck, predicts {gain:+.0%}, over the {min_gain:.0%} a move must clear;"
                     f" the policy held, and a hold is overridden from {override:.0%})")
-        return f" ({what}, the bottleneck, predicts {gain:+.0%}{on}; a move must clear {min_gain:.0%})"
+        return f" ({what}, the bottleneck, predicts {gain:+.0%}; a move must clear {min_gain:.0%})"
 
     def _held_mean_move(self, obs: Observation, mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec],
                         budget: float, caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState,
