@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
+
+import pytest
 
 from dlrm_platform.api import devstack
 
@@ -29,3 +34,25 @@ def test_head_stop_kills_a_group_that_ignores_sigterm_after_its_grace() -> None:
     while _group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _group_alive(proc.pid), "the head's child outlived its stop"
+
+
+def test_free_ports_are_distinct_and_skip_the_excluded() -> None:
+    taken = devstack.free_port()
+    ports = devstack.free_ports(64, exclude={taken})
+    assert len(set(ports)) == 64
+    assert taken not in ports
+
+
+def test_a_head_that_fails_to_start_says_why_from_its_log(tmp_path) -> None:
+    # One port for the dashboard and the GCS: `ray start` refuses at once. The error must carry
+    # the head log's reason, not only "exited with code 1".
+    port = devstack.free_port()
+    log = tmp_path / "ray-head.log"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="dlrmhead-", dir="/tmp"))  # Ray's socket paths must stay short
+    try:
+        with pytest.raises(RuntimeError, match=r"ray start exited with code \d+(?s:.*)used by other components"):
+            devstack.start_ray_head(
+                num_cpus=1, env={}, dashboard_port=port, gcs_port=port, temp_dir=ray_tmp, log_file=log, timeout_s=60
+            )
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +32,22 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int, exclude: Collection[int] = ()) -> list[int]:
+    """``n`` distinct free loopback ports. The sockets stay bound until all are picked: one bound
+    and closed at a time, the kernel may hand the same port out twice (it did, in CI, and
+    ``ray start`` refused a runtime-env agent port equal to the dashboard agent's)."""
+    with contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        while len(ports) < n:
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+            if port not in exclude:
+                ports.append(port)
+        return ports
 
 
 def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 30.0) -> None:
@@ -97,8 +110,9 @@ def start_ray_head(
     timeout_s: float = 120.0,
 ) -> RayHead:
     """``ray start --head --block`` in its own process group; returns when the Jobs API answers."""
-    dashboard_port = dashboard_port or free_port()
-    gcs_port = gcs_port or free_port()
+    picked = iter(free_ports(7, exclude={p for p in (dashboard_port, gcs_port) if p}))
+    dashboard_port = dashboard_port or next(picked)
+    gcs_port = gcs_port or next(picked)
     cmd = [
         str(VENV_BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats",
         "--port", str(gcs_port),
@@ -108,11 +122,11 @@ def start_ray_head(
     ]  # fmt: skip
     if isolated_ports:  # several clusters on one machine must not share the fixed default ports
         cmd += [
-            "--ray-client-server-port", str(free_port()),
-            "--dashboard-agent-listen-port", str(free_port()),
-            "--dashboard-agent-grpc-port", str(free_port()),
-            "--runtime-env-agent-port", str(free_port()),
-            "--metrics-export-port", str(free_port()),
+            "--ray-client-server-port", str(next(picked)),
+            "--dashboard-agent-listen-port", str(next(picked)),
+            "--dashboard-agent-grpc-port", str(next(picked)),
+            "--runtime-env-agent-port", str(next(picked)),
+            "--metrics-export-port", str(next(picked)),
         ]  # fmt: skip
     if temp_dir is not None:
         temp_dir.mkdir(parents=True, exist_ok=True)
@@ -126,10 +140,19 @@ def start_ray_head(
     head = RayHead(proc, f"http://127.0.0.1:{dashboard_port}", f"127.0.0.1:{gcs_port}", temp_dir, dict(env))
     try:
         wait_ray_jobs_api(head.dashboard_url, env, timeout_s, proc)
-    except BaseException:
+    except BaseException as e:
         head.stop()
+        if log_file is not None and isinstance(e, RuntimeError | TimeoutError):
+            raise type(e)(f"{e}; the end of {log_file}:\n{_tail(log_file)}") from e
         raise
     return head
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(unreadable: {e})"
 
 
 def wait_ray_jobs_api(
