@@ -381,7 +381,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 30,
             "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None, "rl_limit_outlives_lower": None,
             "rl_rise_floor_delivered_s": 4, "rl_busy_floor_delivered_s": None, "rl_donor_keeps_told_after_s": None,
-            "rl_held_mean_ticks": None, "rl_held_mean_by_capacity": True}
+            "rl_held_mean_ticks": None, "rl_held_mean_by_capacity": True, "rl_held_mean_group_slots": 0}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -409,6 +409,7 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.donor_keeps_told_after_s is None and plain.runner.donor_keeps_told_after_s == 10.0
     assert with_options.runner.held_mean_ticks is None and plain.runner.held_mean_ticks == 6
     assert with_options.runner.held_mean_by_capacity and not plain.runner.held_mean_by_capacity
+    assert with_options.runner.held_mean_group_slots == 0 and plain.runner.held_mean_group_slots == 4
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -661,6 +662,7 @@ def test_with_held_mean_by_capacity_operators_taking_turns_to_bind_are_judged_on
         runner.scaling_margin = None  # the shield alone
         runner.held_mean_by_capacity = by_capacity
         runner.sized_shield = False  # one slot a move: the bar is for "+1"
+        runner.held_mean_group_slots = 0  # "+1 b" alone (a tie of means grows both with it)
         fs = FeatureState(list(alloc))
         if b_at_7 is not None:
             fs.scaling.record({"b": 7}, {"b": b_at_7})
@@ -1343,3 +1345,39 @@ def test_a_cost_shifts_tell_lifts_what_was_taken_back():
     obs = _obs({"a": 4000.0, "b": 500.0}, alloc, 500.0)
     policy.decide(replace(obs, extra={**obs.extra, "cost_shifts": {"b": 2.0}}), alloc, specs, 8.0)
     assert policy.fs.taken_back == {}
+
+
+def test_with_held_mean_group_slots_a_bottleneck_capped_by_the_next_grows_with_it_on_the_averages():
+    """b binds at 6 slots (1,000 samples/s), c next at 4 (1,150), a donor at 6 with three times the pipeline's
+    rate, every slot in use; the counters are 30% noisy. "+1 b" predicts +15% (c caps it) in every hold, under
+    the mean's bar of 18%, so the holds judge nothing (live, per_task_overhead's hash and feature_cross held 36 s,
+    run 77g). With ``held_mean_group_slots`` the move carries on to c and to b again, from a, on the averages
+    over the holds: the decision names every operator it grows and what the group predicts. Off, or where c
+    was measured no faster at 5 slots than at 4, nothing moves."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 6, "b": 6, "c": 4}
+    util = {"a": 0.3, "b": 1.0, "c": 0.9}
+
+    def run(group_slots, c_at_5=None, ticks=12):
+        runner = _AlwaysWants(0)  # the net holds
+        runner.scaling_margin = None  # the shield alone
+        runner.held_mean_group_slots = group_slots
+        fs = FeatureState(list(alloc))
+        if c_at_5 is not None:
+            fs.scaling.record({"c": 5}, {"c": c_at_5})
+            fs.scaling.record({"c": 4}, {"c": 1150.0})
+        fs.scaling.noise.update({"b": 0.3, "c": 0.3})
+        for i in range(ticks):
+            b = 1000.0 + (60.0 if i % 2 else -60.0)  # noisy readings; b binds in every hold
+            obs = _obs({"a": 3000.0, "b": b, "c": 1150.0}, alloc, b, util=util)
+            new, what = runner.act(replace(obs, t=10.0 + i), alloc, specs, 16.0, fs)
+            if new is not None:
+                return i, new, what
+        return None
+
+    i, new, what = run(4)
+    assert i == 5 and new["c"] == 5 and new["b"] >= 8 and sum(new.values()) == 16 and new["a"] < 6, (i, new, what)
+    assert what.startswith(f"+{new['b'] - 6} b, +1 c: the bottleneck in 6 of the last 6 holds"), what
+    assert '"+1 b" alone is short of the mean\'s bar of 18%' in what and "on the averages over the last 6 holds" in what
+    assert run(0) is None
+    assert run(4, c_at_5=1150.0) is None  # c measured no faster at 5: the group stops at b, short of the bar

@@ -751,6 +751,7 @@ class RLPolicy(Policy):
                           "rl_clear_bar": ("clear_bar", bool),
                           "rl_held_mean_ticks": ("held_mean_ticks", lambda v: None if v is None else int(v)),
                           "rl_held_mean_by_capacity": ("held_mean_by_capacity", bool),
+                          "rl_held_mean_group_slots": ("held_mean_group_slots", int),
                           "rl_shift_credit_s": ("shift_credit_s", lambda v: None if v is None else float(v)),
                           "rl_credit_low_bar_s": ("credit_low_bar_s", lambda v: None if v is None else float(v)),
                           "rl_credit_keeps_slots": ("credit_keeps_slots", bool),

@@ -432,6 +432,18 @@ class RLPolicyRunner:
     #: and took turns to bind, the hash in 4 of 6 holds, for 38 s (tuner/README.md, run 75d); judged on the
     #: averages alone, in every hold, the contended lookup grew past its peak (run 75e)
     held_mean_by_capacity: bool = False
+    #: where the "+1" the holds judge cannot clear the mean's bar on its own (one slot of k gains 1/k at most, and
+    #: the next slowest operator caps it), the move may grow the operators that bind next as well, up to this many
+    #: slots in all, on the capacities averaged over those holds (``actions.grow_next_bottlenecks``; policy
+    #: option ``rl_held_mean_group_slots``; 0: off). Live, per_task_overhead's hash at 6 slots (about 12,500
+    #: samples/s on average) and feature_cross at 4 (about 16,000) held 36 s under "+1 sparse_hash predicts
+    #: +17%; a move must clear 25%" with read and parse at twice the pipeline's rate (run 77g): "+2 hash, +1
+    #: feature_cross" from them predicts +30% on the averages. With 4, live against the oracle (tuner/README.md,
+    #: run 78): per_task_overhead 1.032 / 1.032 (two group moves a round, the hash at 7-9 slots by 60 s), against
+    #: a mean of 0.973 over eight rounds without; contended_lookup 0.875 / 0.992, where it never fired (round 1
+    #: lost to a "+4 user_lookup" past the peak at 21 s, as in run 76). Simulated: 0.956 / 0.956 of the optimum
+    #: against 0.958 / 0.957 (wide_skewed at 0.4 noise 0.872 against 0.881), 95% of the final level 4% sooner
+    held_mean_group_slots: int = 4
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -829,11 +841,55 @@ class RLPolicyRunner:
         # what overrides a hold of the net's on one reading (``hold_override_gain``), on the mean's noise
         least = self._override_bar(self.shield_min_gain) or self.shield_min_gain
         bar = max(least, self.shield_noise_k * fs.scaling.noise.get(name, 0.0) / math.sqrt(n))
-        if mean < bar or move is None or (self.scaling_margin is not None
-                                          and not self._measured_enough(fs, name, alloc[name])):
+        if self.scaling_margin is not None and not self._measured_enough(fs, name, alloc[name]):
             return None
+        if mean < bar or move is None:
+            group = self._held_mean_group(name, held, mask, alloc, specs, budget, limits, fs, memory_bound)
+            if group is None or group[1] < bar:
+                return None
+            new, gain = group
+            fs.held_gains.clear()
+            what = ", ".join(f"+{new[m] - alloc[m]} {m}" for m in sorted(
+                (m for m in new if new[m] > alloc[m]), key=lambda m: m != name))
+            return new, (f"{what}: {why}; \"+1 {name}\" alone is short of the mean's bar of {bar:.0%}, the operators"
+                         f" binding after it grown too predict {gain:+.0%} on the averages over the last {n} holds")
         fs.held_gains.clear()  # judged: the next holds are at the allocation it makes
         return move[0], f"+1 {name}: {why}; a mean of {n} must clear {bar:.0%} (one reading {min_gain:.0%})"
+
+    def _held_mean_group(self, name: str, held: Sequence[tuple[str, float, dict[str, float | None]]],
+                         mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
+                         limits: dict[str, int], fs: FeatureState,
+                         memory_bound: bool) -> tuple[Allocation, float] | None:
+        """``held_mean_group_slots``: "+1 ``name``" carried on to the operators that bind after it, on each
+        operator's capacity averaged over the ``held`` holds: ``(allocation, its predicted gain)``, or None (off,
+        an operator not read in every hold, or no such move). An operator grows only where a "+1" of its own
+        could (allowed, under its measured limit, measured steady at its slots, more of it not measured to be
+        no faster), as far as ``_most_slots`` lets one move take it and to double its slots at most."""
+        if not self.held_mean_group_slots:
+            return None
+        means = {m: float(np.mean(read)) if len(read := [c[m] for _, _, c in held if c.get(m) is not None]) == len(held)
+                 else None for m in held[-1][2]}
+        names = [s.name for s in specs[:K_MAX]]
+
+        def may_grow(m: str) -> bool:
+            return (m in names and bool(mask[1 + names.index(m)]) and alloc[m] < limits.get(m, math.inf)
+                    and not fs.scaling.measured_no_faster_above(m, alloc[m])
+                    and (self.scaling_margin is None or self._measured_enough(fs, m, alloc[m])))
+
+        if means.get(name) is None or not may_grow(name):
+            return None
+        model = self._model_limits(limits, alloc, fs)
+        first = self._plus_one(1 + names.index(name), alloc, specs, budget, means, memory_bound, model)
+        if first is None:
+            return None
+        most = {m: min(alloc[m] + self._most_slots(m, alloc, limits, fs), 2 * alloc[m]) for m in names if may_grow(m)}
+        new, chain = grow_next_bottlenecks(alloc, first[0], specs, budget, means, most,
+                                           max_slots=self.held_mean_group_slots - 1, min_gain=self.shield_min_gain,
+                                           memory_bound=memory_bound, limits=model)
+        now = predicted_bottleneck(alloc, means, alloc, model)
+        if not chain or not math.isfinite(now) or now <= 0:
+            return None
+        return new, predicted_bottleneck(alloc, means, new, model) / now - 1.0
 
     @staticmethod
     def _plus_one(a: int, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
