@@ -62,6 +62,13 @@ def _least(caps: dict[str, float | None]) -> str:
     return min(known, key=known.__getitem__) if known else ""
 
 
+def _held_means(held: Sequence[tuple[str, float, dict[str, float | None]]]) -> dict[str, float | None]:
+    """Each operator's capacity averaged over the ``held`` holds (``FeatureState.held_at``), the latest last;
+    None for one not read in every hold."""
+    return {m: float(np.mean(read)) if len(read := [c[m] for _, _, c in held if c.get(m) is not None]) == len(held)
+            else None for m in held[-1][2]}
+
+
 class RLPolicyRunner:
     #: a move of a slot must be predicted to speed up the bottleneck by this much
     shield_min_gain = 0.02
@@ -826,8 +833,7 @@ class RLPolicyRunner:
             # operators taking turns to bind: the one of least capacity on average, unless more of its slots
             # were measured to deliver no more than its slots now do (live, the contended lookup grew 9 -> 11
             # past its peak on averages whose linear model knew nothing of that peak, run 75e)
-            means = {m: float(np.mean(read)) if len(read := [c[m] for _, _, c in held if c.get(m) is not None]) == n
-                     else None for m in caps}
+            means = _held_means(held)
             name = _least(means)
             if name not in names or fs.scaling.measured_no_faster_above(name, alloc[name]):
                 return None
@@ -867,8 +873,7 @@ class RLPolicyRunner:
         no faster), as far as ``_most_slots`` lets one move take it and to double its slots at most."""
         if not self.held_mean_group_slots:
             return None
-        means = {m: float(np.mean(read)) if len(read := [c[m] for _, _, c in held if c.get(m) is not None]) == len(held)
-                 else None for m in held[-1][2]}
+        means = _held_means(held)
         names = [s.name for s in specs[:K_MAX]]
 
         def may_grow(m: str) -> bool:
