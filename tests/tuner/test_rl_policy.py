@@ -1381,3 +1381,36 @@ def test_with_held_mean_group_slots_a_bottleneck_capped_by_the_next_grows_with_i
     assert '"+1 b" alone is short of the mean\'s bar of 18%' in what and "on the averages over the last 6 holds" in what
     assert run(0) is None
     assert run(4, c_at_5=1150.0) is None  # c measured no faster at 5: the group stops at b, short of the bar
+
+
+def test_a_group_move_gives_the_bottleneck_one_slot_where_another_operator_capped_its_plus_one_in_the_holds():
+    """b binds at 9 slots (1,000 samples/s) in every hold, c close behind in five of six (1,030) and far in
+    one (3,000): "+1 b" predicts +3% in most holds (c caps it), +4% on their mean, under the bar. On the
+    averages (c at 1,360) "+2 b" and more predict +22% and more, and clear it. Live, such a "+2 user_lookup" took the contended
+    lookup from 9 to 11 slots, past its peak (run 79b). ``held_mean_group_own_share`` (0.75) gives b one
+    slot at most where its "+1" gained under 0.75 of a slot's linear gain (1/9) on the holds' mean; off, it
+    takes two or more."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 6, "b": 9, "c": 5}
+    util = {"a": 0.3, "b": 1.0, "c": 0.9}
+
+    def run(own_share):
+        runner = _AlwaysWants(0)  # the net holds
+        runner.scaling_margin = None  # the shield alone
+        runner.held_mean_group_own_share = own_share
+        fs = FeatureState(list(alloc))
+        fs.scaling.noise.update({"b": 0.15, "c": 0.15})
+        for i in range(12):
+            c = 3000.0 if i % 6 == 5 else 1030.0
+            obs = _obs({"a": 3000.0, "b": 1000.0, "c": c}, alloc, 1000.0, util=util)
+            new, what = runner.act(replace(obs, t=10.0 + i), alloc, specs, 20.0, fs)
+            if new is not None:
+                return i, new, what
+        return None
+
+    assert RLPolicyRunner.held_mean_group_own_share == 0.75
+    i, new, what = run(None)
+    assert new["b"] >= 11 and new["c"] == 5, (i, new, what)
+    assert what.startswith(f"+{new['b'] - 9} b: the bottleneck in 6 of the last 6 holds"), what
+    moved = run(0.75)
+    assert moved is None or (moved[1]["b"] <= 10 and moved[1]["c"] > 5), moved

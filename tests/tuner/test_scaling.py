@@ -903,6 +903,62 @@ def test_an_operator_past_a_limit_whose_slots_bought_nothing_goes_back_to_it_and
     assert runner._move_back(obs, {"a": 11}, specs, 12.0, state(5800.0, 5500.0)) is None  # off
 
 
+def test_an_operator_past_a_limit_whose_delivered_figure_was_never_measured_goes_back_on_its_counters():
+    """Live (run 78a), the contended lookup went 4 -> 6 -> 10 in 4.2 s, under the 5 s the delivered figure
+    beside a point needs, so 6 had none; "6 -> 10 did not pay" held from its counters, and neither return
+    reading (both compare delivered figures) could fire: 10 slots to the end, 0.875 of the oracle. With the
+    limit's delivered figure missing, its counters at ``return_unmeasured_limit`` (0) under the limit's or
+    more, with the pipeline delivering less now than the limit's capacity, take it back, to measure the
+    pipeline there, where it runs ``return_unmeasured_limit_slots`` (2) or more past the limit; ``_move_back``
+    says so."""
+    from dlrm_platform.tuner.observe import Observation, OpObs
+    from dlrm_platform.tuner.spec import OpSpec
+
+    def state(cap_at_10: float, delivered_at_6: float | None = None, times: int = 3,
+              delivered_at_10: float = 5000.0) -> FeatureState:
+        fs = FeatureState(["a"])
+        fs.scaling = ScalingMemory(["a"], limit_hysteresis=0.1, delivered_margin=0.15, delivered_max_age=30)
+        for _ in range(2):
+            fs.scaling.record({"a": 6}, {"a": 6400.0}, delivered=delivered_at_6)
+        for _ in range(times):
+            fs.scaling.record({"a": 10}, {"a": cap_at_10}, delivered=delivered_at_10)
+        return fs
+
+    specs = [OpSpec("a", 1.0)]
+    runner = RLPolicyRunner(None, {})
+    assert runner.return_unmeasured_limit == 0.0
+    assert state(5000.0).scaling.limit("a") == 6
+    assert state(5000.0).scaling.no_faster_past_unmeasured_limit("a", 10, 6, 0.0)
+    assert runner._bought_nothing_past_limit({"a": 10}, specs, state(5000.0)) == ("a", 6)
+    assert runner._bought_nothing_past_limit({"a": 10}, specs, state(6600.0)) is None  # 3% over the limit's
+    assert runner._bought_nothing_past_limit({"a": 10}, specs, state(5000.0, times=2)) is None  # not often
+    runner.return_unmeasured_limit_slots = 5  # 4 slots past its limit: fewer than asked
+    assert runner._bought_nothing_past_limit({"a": 10}, specs, state(5000.0)) is None
+    runner.return_unmeasured_limit_slots = RLPolicyRunner.return_unmeasured_limit_slots
+    assert runner.return_unmeasured_limit_slots == 2
+    # the pipeline delivers more now than the lookup alone did at the limit: going back could cap it lower
+    # (simulated, noisy per_task_overhead: such returns to limits read from noise cost 0.02 of the optimum)
+    assert runner._bought_nothing_past_limit({"a": 10}, specs, state(5000.0, delivered_at_10=6500.0)) is None
+    # the limit's delivered figure measured: the two delivered readings decide, as before (5,000 against
+    # 5,200: 4% less, and its counters 22% under with the pipeline delivering no more, so back)
+    assert not state(5000.0, 5200.0).scaling.no_faster_past_unmeasured_limit("a", 10, 6, 0.0)
+    assert runner._bought_nothing_past_limit({"a": 10}, specs, state(5000.0, 5200.0)) == ("a", 6)
+    assert runner._bought_nothing_past_limit({"a": 10}, specs, state(5000.0, 4800.0)) is None  # delivered more
+
+    obs = Observation(t=30.0, window_s=1.0, ops=[OpObs("a", 10, 1.0, 5000.0, 527.0, 1.0, 10.0, 0.9, 0.0,
+                                                          2.0, 1e6, capacity=5000.0, measured=True)],
+                      throughput=5000.0, mem_used=0.0, mem_limit=1e9, spill_rate=0.0, budget=12.0)
+    noisy = state(5000.0)
+    noisy.scaling.noise_k, noisy.scaling.noise["a"] = 3.0, 0.5  # live, the lookup's counters swing 4-8x:
+    assert noisy.scaling.better("a", 10, runner.scaling_margin) is None  # no "measured +28% there"
+    new, why = runner._move_back(obs, {"a": 10}, specs, 12.0, noisy)
+    assert new == {"a": 6}
+    assert why.startswith("-4 a: to 6 slots, the slots past its limit bought nothing by its counters "
+                          "(capacity -22% at 10); what the pipeline delivers at 6 was never measured")
+    runner.return_unmeasured_limit = None
+    assert runner._move_back(obs, {"a": 10}, specs, 12.0, noisy) is None  # off
+
+
 def test_an_operator_past_its_limit_is_no_faster_there_only_where_its_counters_and_the_pipeline_agree():
     """``no_faster_past`` (the shield's ``flat_past_limit``): at 5 slots past a limit of 4, measured often,
     its capacity within the margin of the limit's, and the pipeline delivering no more at 5. Simulated, a

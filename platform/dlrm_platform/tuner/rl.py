@@ -136,6 +136,22 @@ class RLPolicyRunner:
     #: at 8 read as new workers started). With both, 6,500 / 6,050 / 6,050 samples/s against 6,200 / 5,550 /
     #: 4,700 with the first alone (tuner/README.md, run 74). Simulated: held out 0.976 against 0.977 off
     return_delivered_drop: float | None = 0.15
+    #: ... or, where what the pipeline delivered at the limit was never measured, its counters alone at least
+    #: this much under the limit's (``ScalingMemory.no_faster_past_unmeasured_limit``; None: off): going back
+    #: measures it. Live (run 78a), the contended lookup went 4 -> 6 -> 10 at 16.9 and 21.1 s, 6 held
+    #: 4.2 s (under ``scaling_delivered_window_s``), so 6 had no delivered figure; "6 -> 10 did not pay" held
+    #: from 26 s (10 reading ~5,000 against ~6,400 at 6), and neither reading above could fire: 0.875 of the
+    #: oracle, at 10 slots to the end. Simulated with noisy counters (sigma 0.4, 6-8 seeds): contended_lookup
+    #: without warm-up 0.935 against 0.906 off, per_task_overhead 0.954 against 0.950; a margin of -0.15
+    #: (10-15% over the limit's) without the delivered test below lost 0.02 on per_task_overhead, returning to
+    #: limits read from noise
+    return_unmeasured_limit: float | None = 0.0
+    #: ... for an operator at least this many slots past the limit (policy option
+    #: ``rl_return_unmeasured_limit_slots``). With 1, live, the lookup went back from 5 to a limit of 4 three
+    #: times in two rounds (0.977 / 0.969 of the oracle, run 79a), and simulated it cost 0.003-0.008 of the
+    #: optimum (held out 0.974 / 0.969 against 0.977 / 0.973 off: limits read from noise one slot below);
+    #: with 2, simulated, every figure as off but one (contended_lookup@0.2 0.970 against 0.971)
+    return_unmeasured_limit_slots: int = 2
     #: the shield's linear model reads an operator past its measured limit as no faster there than at the
     #: limit, its slots down to the limit a donor's at no cost (``actions.scaled_capacity``), where its count
     #: now is measured often, reads at most this much more capacity than the limit's, and the pipeline delivered
@@ -451,6 +467,16 @@ class RLPolicyRunner:
     #: lost to a "+4 user_lookup" past the peak at 21 s, as in run 76). Simulated: 0.956 / 0.956 of the optimum
     #: against 0.958 / 0.957 (wide_skewed at 0.4 noise 0.872 against 0.881), 95% of the final level 4% sooner
     held_mean_group_slots: int = 4
+    #: ... and gives the operator the holds judge more than one slot only where its "+1" gained at least this
+    #: share of a slot's linear gain (1/k at k slots) on the holds' mean: one slot's share capped it, not the next
+    #: operator (policy option ``rl_held_mean_group_own_share``; None: any). Live, the contended lookup at 9
+    #: slots bound in 6 of 6 holds with its "+1" predicting +2% on average (the hash close behind in most), and
+    #: "+2 user_lookup" on the averages (+22%) took it to 11, past its peak, for the last 33 s (0.862 of the
+    #: oracle, run 79b); in run 79c "+2" at 6 slots (+12% on average: 0.72 of 1/6) and "+4" at 8 (+6%: 0.48 of
+    #: 1/8) took it to 12. per_task_overhead's "+2 sparse_hash" moves came at +14-16% on average from 6-7 slots
+    #: (0.9-0.98 of 1/k). Simulated, 0.5 and 0.75 alike: 0.956 / 0.957 of the optimum against 0.956 / 0.956
+    #: with any share (wide_skewed at 0.4 noise 0.879 against 0.872, contended_lookup at 0.2 0.967 against 0.970)
+    held_mean_group_own_share: float | None = 0.75
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -870,7 +896,8 @@ class RLPolicyRunner:
         operator's capacity averaged over the ``held`` holds: ``(allocation, its predicted gain)``, or None (off,
         an operator not read in every hold, or no such move). An operator grows only where a "+1" of its own
         could (allowed, under its measured limit, measured steady at its slots, more of it not measured to be
-        no faster), as far as ``_most_slots`` lets one move take it and to double its slots at most."""
+        no faster), as far as ``_most_slots`` lets one move take it and to double its slots at most; ``name`` one
+        slot only, where its "+1" gained under ``held_mean_group_own_share`` of a slot's linear gain in the holds."""
         if not self.held_mean_group_slots:
             return None
         means = _held_means(held)
@@ -888,6 +915,9 @@ class RLPolicyRunner:
         if first is None:
             return None
         most = {m: min(alloc[m] + self._most_slots(m, alloc, limits, fs), 2 * alloc[m]) for m in names if may_grow(m)}
+        gained = sum(g for m, g, _ in held if m == name) / len(held)
+        if self.held_mean_group_own_share is not None and gained < self.held_mean_group_own_share / alloc[name]:
+            most[name] = alloc[name] + 1  # another operator capped its "+1" in the holds: the rest go to others
         new, chain = grow_next_bottlenecks(alloc, first[0], specs, budget, means, most,
                                            max_slots=self.held_mean_group_slots - 1, min_gain=self.shield_min_gain,
                                            memory_bound=memory_bound, limits=model)
@@ -1120,9 +1150,13 @@ class RLPolicyRunner:
         if flat is not None:
             name, k = flat
             now, curve = alloc[name], fs.scaling.settled(name)
-            at_now, at_limit = fs.scaling.delivered_past(name, now, k)  # both tests rest on these figures
-            why = (f"the slots past its limit bought nothing (capacity {curve[now] / curve[k] - 1:+.0%} at {now}, "
-                   f"the pipeline delivering {at_now:,.0f} samples/s there against {at_limit:,.0f})")
+            if (both := fs.scaling.delivered_past(name, now, k)) is not None:  # both tests rest on these
+                why = (f"the slots past its limit bought nothing (capacity {curve[now] / curve[k] - 1:+.0%} at "
+                       f"{now}, the pipeline delivering {both[0]:,.0f} samples/s there against {both[1]:,.0f})")
+            else:
+                why = (f"the slots past its limit bought nothing by its counters (capacity "
+                       f"{curve[now] / curve[k] - 1:+.0%} at {now}); what the pipeline delivers at {k} was "
+                       f"never measured, going back measures it")
         elif best is not None:
             gain, name, k = best
             why = f"measured {gain - 1:+.0%} there"
@@ -1143,7 +1177,8 @@ class RLPolicyRunner:
     def _bought_nothing_past_limit(self, alloc: Allocation, specs: Sequence[OpSpec],
                                    fs: FeatureState) -> tuple[str, int] | None:
         """The first operator (in pipeline order) running past its measured limit, measured there now, whose
-        slots past it bought nothing (``return_no_faster_past``, ``return_delivered_drop``): (name, the limit)."""
+        slots past it bought nothing (``return_no_faster_past``, ``return_delivered_drop``,
+        ``return_unmeasured_limit``): (name, the limit)."""
         for s in specs:
             now = alloc[s.name]
             lim = fs.scaling.limit(s.name)
@@ -1152,7 +1187,10 @@ class RLPolicyRunner:
             if ((self.return_no_faster_past is not None
                  and fs.scaling.no_faster_past(s.name, now, lim, self.return_no_faster_past))
                     or (self.return_delivered_drop is not None
-                        and fs.scaling.delivered_less_past(s.name, now, lim, self.return_delivered_drop))):
+                        and fs.scaling.delivered_less_past(s.name, now, lim, self.return_delivered_drop))
+                    or (self.return_unmeasured_limit is not None and now - lim >= self.return_unmeasured_limit_slots
+                        and fs.scaling.no_faster_past_unmeasured_limit(s.name, now, lim,
+                                                                       -self.return_unmeasured_limit))):
                 return s.name, lim
         return None
 

@@ -346,6 +346,20 @@ class ScalingMemory:
         both = self.delivered_past(name, now, limit)
         return both is not None and both[0] <= both[1] * (1.0 - drop)
 
+    def no_faster_past_unmeasured_limit(self, name: str, now: int, limit: int, margin: float) -> bool:
+        """``name`` at ``now`` slots, past its ``limit``, measured often there at most ``margin`` over the
+        limit's capacity (a negative ``margin``: at least that much under it), where what the pipeline
+        delivered at the limit was never measured (the count was left before ``delivered_window_s`` passed),
+        so :meth:`no_faster_past` cannot compare it, and the pipeline delivers less at ``now`` than the
+        limit's capacity. Its counters say the slots past the limit bought nothing; going back measures
+        the pipeline there."""
+        curve, delivered = self.settled(name), self.delivered(name)
+        if not self.measured_often(name, now) or now not in curve or limit not in curve or now not in delivered:
+            return False
+        # and the limit's capacity alone is above what the pipeline delivers now: going back can cap it no lower
+        return (limit not in delivered and curve[now] <= curve[limit] * (1.0 + margin)
+                and curve[limit] > delivered[now])
+
     def measured_no_faster_above(self, name: str, k: int) -> bool:
         """A count of ``name`` larger than ``k`` measured at no more capacity than ``k`` (False where ``k``
         itself is not measured)."""
