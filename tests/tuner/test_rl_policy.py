@@ -381,7 +381,9 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
             "rl_shift_busy_spread": 1.5, "rl_credit_low_bar_s": None, "rl_taken_back_s": None, "rl_donor_repair_s": 30,
             "rl_donor_tie_band": 0.1, "rl_taken_back_lift_ticks": None, "rl_limit_outlives_lower": None,
             "rl_rise_floor_delivered_s": 4, "rl_busy_floor_delivered_s": None, "rl_donor_keeps_told_after_s": None,
-            "rl_held_mean_ticks": None, "rl_held_mean_by_capacity": True, "rl_held_mean_group_slots": 0}
+            "rl_held_mean_ticks": None, "rl_held_mean_by_capacity": True, "rl_held_mean_group_slots": 0,
+            "rl_held_idle_donor_busy": None, "rl_held_idle_donor_after_busy": 0.8, "rl_shift_confirm": False,
+            "rl_one_slot_after_ended_limit": True}
     with_options = RLPolicy(TunerSpec("rl-opts", "rl", 8.0, specs, options=opts))
     plain = RLPolicy(TunerSpec("rl-plain", "rl", 8.0, specs))
     assert with_options.runner.return_past_limit and not plain.runner.return_past_limit
@@ -410,6 +412,10 @@ def test_rl_options_reach_the_policys_own_scaling_memory_and_runner_only():
     assert with_options.runner.held_mean_ticks is None and plain.runner.held_mean_ticks == 6
     assert with_options.runner.held_mean_by_capacity and not plain.runner.held_mean_by_capacity
     assert with_options.runner.held_mean_group_slots == 0 and plain.runner.held_mean_group_slots == 4
+    assert with_options.runner.held_idle_donor_busy is None and plain.runner.held_idle_donor_busy == 0.95
+    assert not with_options.fs.scaling.shift_confirm and plain.fs.scaling.shift_confirm
+    assert with_options.fs.scaling.ended_is_unmeasured and not plain.fs.scaling.ended_is_unmeasured
+    assert with_options.runner.held_idle_donor_after_busy == 0.8 and plain.runner.held_idle_donor_after_busy == 0.9
     assert plain.fs.scaling.delivered_max_age == RLPolicyRunner.scaling_delivered_max_age
     assert with_options.runner.net is plain.runner.net  # the weights stay shared
     assert with_options.fs.scaling.limit_hysteresis is None and with_options.fs.scaling.delivered_window_s is None
@@ -624,6 +630,7 @@ def test_holds_whose_mean_predicted_gain_clears_the_noise_of_a_mean_grow_the_bot
         runner = _AlwaysWants(0)  # the net holds
         runner.scaling_margin = None  # the shield alone
         runner.held_mean_ticks = held_mean_ticks
+        runner.held_idle_donor_busy = None  # the holds' capacities alone (busy slots: its own test)
         fs = FeatureState(list(alloc))
         fs.scaling.noise.update({"b": noise, "c": noise})
         out = []
@@ -661,6 +668,7 @@ def test_with_held_mean_by_capacity_operators_taking_turns_to_bind_are_judged_on
         runner = _AlwaysWants(0)  # the net holds
         runner.scaling_margin = None  # the shield alone
         runner.held_mean_by_capacity = by_capacity
+        runner.held_idle_donor_busy = None  # the holds' capacities alone (busy slots: its own test)
         runner.sized_shield = False  # one slot a move: the bar is for "+1"
         runner.held_mean_group_slots = 0  # "+1 b" alone (a tie of means grows both with it)
         fs = FeatureState(list(alloc))
@@ -685,6 +693,50 @@ def test_with_held_mean_by_capacity_operators_taking_turns_to_bind_are_judged_on
     assert run(True, c_reads=(1000.0, 1000.0)) is None  # c's mean is b's: a tie
     assert run(True, b_at_7=950.0) is None  # more of b measured no faster
     assert run(True, b_at_7=1350.0)[:2] == (5, {"a": 3, "b": 6, "c": 4})  # more of b measured faster
+
+
+def test_with_held_idle_donor_the_operator_busy_in_every_hold_takes_a_slot_from_the_one_left_idlest():
+    """b (5 slots) and c (4) read 1,200 / 800 and 1,000 / 1,500 by turns and each binds in half the holds, so
+    the held-mean rule judges none; b's slots ran tasks in every hold, a's (4 slots) a quarter of the time and
+    c's half (live, per_task_overhead's hash at 7 slots ran tasks 100% of the time for 43 holds while
+    feature_cross at 6 ran them 40-80%, run 80). ``held_idle_donor_busy`` gives b a slot from a, which at 3
+    slots would be 40% busy with the pipeline 20% faster; c, at 3 slots 80% busy, keeps its slots. Nothing
+    moves off, where b's slots were idle now and then, where no operator could spare a slot, or where more of
+    b was measured no faster than its slots now."""
+    specs = [OpSpec("a", 1.0), OpSpec("b", 1.0), OpSpec("c", 1.0)]
+    alloc = {"a": 4, "b": 5, "c": 4}
+
+    def run(busy, util=None, b_at_7=None):
+        util = util or {"a": 0.25, "b": 1.0, "c": 0.5}
+        runner = _AlwaysWants(0)  # the net holds
+        runner.scaling_margin = None  # the shield alone
+        runner.held_mean_by_capacity = False
+        runner.sized_shield = False  # one slot a move: the bar is for "+1"
+        runner.held_mean_group_slots = 0
+        runner.held_idle_donor_busy = busy
+        fs = FeatureState(list(alloc))
+        if b_at_7 is not None:
+            fs.scaling.record({"b": 7}, {"b": b_at_7})
+            fs.scaling.record({"b": 5}, {"b": 1000.0})
+        fs.scaling.noise.update({"b": 0.3, "c": 0.3})
+        for i in range(12):
+            b, c = (1200.0, 1000.0) if i % 2 == 0 else (800.0, 1500.0)
+            obs = _obs({"a": 4000.0, "b": b, "c": c}, alloc, min(b, c), util=util)
+            new, what = runner.act(replace(obs, t=10.0 + i), alloc, specs, 13.0, fs)
+            if new is not None:
+                return i, new, what
+        return None
+
+    assert RLPolicyRunner.held_idle_donor_busy == 0.95
+    assert run(None) is None
+    i, new, what = run(0.95)
+    assert (i, new) == (5, {"a": 3, "b": 6, "c": 4}), (i, new, what)
+    assert what == ("+1 b, -1 a: 2 operators took turns to bind over the last 6 holds; b's slots ran tasks 100% of"
+                    " the time, a's 25% of its 4 (1.0 busy), room at 3 for b's +20%"), what
+    assert run(0.95, util={"a": 0.25, "b": 0.9, "c": 0.5}) is None  # b's slots idle now and then
+    assert run(0.95, util={"a": 0.8, "b": 1.0, "c": 0.8}) is None  # none could spare a slot
+    assert run(0.95, b_at_7=950.0) is None  # more of b measured no faster
+    assert run(0.95, b_at_7=1350.0)[:2] == (5, {"a": 3, "b": 6, "c": 4})
 
 
 def test_a_measured_rise_in_cost_per_row_lets_the_noisy_bottleneck_grow_back_past_the_noise_bar():

@@ -343,7 +343,8 @@ def test_rl_asks_a_move_for_more_gain_where_the_bottleneck_measures_noisily():
 BEFORE_RUN_48 = {"rl_noisy_max_repeat": None, "rl_delivered_max_age": None, "rl_slope_sized_growth": False,
                  "rl_sized_shield": False, "rl_above_min_readings": None,
                  "rl_taken_back_s": None,  # run 66's: also holds a noisy operator where a move was taken back
-                 "rl_min_hold_s": 1.0}  # run 68's two windows between moves: less wandering to size away
+                 "rl_min_hold_s": 1.0,  # run 68's two windows between moves: less wandering to size away
+                 "rl_held_idle_donor_busy": None, "rl_shift_confirm": False}  # run 80's
 
 
 def _rl_share_with_noisy_counters(pipeline: str, op_noise: float, seeds: int, block_rows: float | None = None,
@@ -574,8 +575,10 @@ def test_rl_judges_its_moves_by_what_they_delivered_where_counters_are_too_noisy
     share: dict[bool, list[float]] = {False: [], True: []}
     for seed in range(4):
         for judge in (False, True):
+            # a burst taken for a cost shift at once, as when the judgement was made (``rl_shift_confirm``,
+            # run 80, lifts the unjudged mean 0.81 -> 0.85 here)
             spec = TunerSpec(f"judge-{judge}-{seed}", "rl", 24.0, _noisy_contended().specs({"read": 1, "lookup": 3, "pack": 1}),
-                             options={"rl_judge_moves": judge, "share_window_s": 0})
+                             options={"rl_judge_moves": judge, "share_window_s": 0, "rl_shift_confirm": False})
             trace = run_controller_in_sim(_noisy_contended(), spec, steps=160, seed=seed)
             share[judge].append(float(np.mean([x["throughput"] for x in trace[-80:]])) / optimum)
     # its own counters (sigma 0.8) still say "more lookup slots" often enough to leave it past the peak
@@ -1091,3 +1094,78 @@ def test_a_larger_count_measured_no_faster_is_told():
     mem.record({"a": 8}, {"a": 540.0})
     assert mem.measured_no_faster_above("a", 6) and not mem.measured_no_faster_above("a", 4)
     assert not mem.measured_no_faster_above("a", 5)  # 5 itself never measured
+
+
+def test_a_held_limit_that_ends_says_why_once():
+    """Live, the contended lookup's limit vanished between two ticks and the net's "+1" took it past its peak,
+    with nothing in the record to say why (runs 79c, 80): the memory keeps why each held limit ended until
+    read, and the decision log prints it on the tick it happened."""
+    mem = ScalingMemory(["a"], limit_hysteresis=0.1)
+    for _ in range(3):
+        mem.record({"a": 3}, {"a": 300.0})
+    for _ in range(3):
+        mem.record({"a": 5}, {"a": 300.0})
+    assert mem.limit("a") == 3 and mem.pop_ended() == {}
+    for cap in (380.0, 440.0):  # each within its noise of the last, the step's top climbs over the line
+        mem.record({"a": 5}, {"a": cap})
+        mem.limit("a")
+    assert mem.limit("a") is None
+    assert mem.pop_ended() == {"a": "its limit of 3 slots ended: capacity 390 at 5 slots against 300 at 3: the step paid"}
+    assert mem.pop_ended() == {}  # said once
+    for _ in range(2):
+        mem.record({"a": 5}, {"a": 300.0})
+    assert mem.limit("a") == 3
+    mem.forget("a")
+    assert mem.pop_ended() == {"a": "its limit of 3 slots ended: its cost per row changed"}
+
+
+def test_with_shift_confirm_one_burst_window_does_not_rescale_the_step_above_a_limit():
+    """5 -> 6 slots did not pay. One window at 5 reads 850 (42% over its point): taken for a cost shift, it
+    rescales the point at 6 by x1.42 while the readings after it bring 5 back down, and the limit ends as "the
+    step paid" (live, the contended lookup's 5 -> 6, then the net's "+1" took it 6 -> 10, run 80). With
+    ``shift_confirm`` the lone window is left out and the limit holds; two in a row are a shift, and rescale
+    the point above as before."""
+
+    def run(confirm, readings):
+        mem = ScalingMemory(["a"], shift_rescales=True, limit_hysteresis=0.1, shift_confirm=confirm)
+        for k, cap in ((5, 600.0), (6, 610.0), (5, 600.0)):
+            for _ in range(3):
+                mem.record({"a": k}, {"a": cap})
+        assert mem.limit("a") == 5
+        for cap in readings:
+            mem.record({"a": 5}, {"a": cap})
+            mem.limit("a")
+        return mem
+
+    burst = (850.0, 600.0, 600.0, 600.0)
+    off = run(False, burst)
+    assert off.limit("a") is None
+    assert off.pop_ended()["a"].startswith("its limit of 5 slots ended: capacity 864 at 6 slots")
+    on = run(True, burst)
+    assert on.limit("a") == 5 and on.pop_ended() == {}
+    assert on.curves["a"][6][0] == 610.0
+    shifted = run(True, (850.0, 850.0, 850.0))
+    assert shifted.curves["a"][6][0] == pytest.approx(610.0 * 850.0 / 600.0)
+    assert shifted.limit("a") == 5  # both counts rescaled alike: the step still did not pay
+
+
+def test_with_ended_is_unmeasured_a_limit_that_ends_on_its_step_paying_marks_its_count_as_aged_out_does():
+    """"3 -> 5 did not pay" ends on 5 measured faster: past 5, where the operator runs, nothing is measured. With
+    ``ended_is_unmeasured`` the count is marked in ``aged_out`` (rl's ``one_slot_after_aged_limit`` then grows it
+    one slot past at its next move); live, the contended lookup's limit ended on what the pipeline delivered at 8
+    slots and the net's "+1" took it 8 -> 12 (run 80). Off, only a limit that ends by age is marked."""
+
+    def run(mark):
+        mem = ScalingMemory(["a"], limit_hysteresis=0.1, ended_is_unmeasured=mark)
+        for k, cap in ((3, 300.0), (5, 300.0)):
+            for _ in range(3):
+                mem.record({"a": k}, {"a": cap})
+        assert mem.limit("a") == 3
+        for cap in (380.0, 440.0):
+            mem.record({"a": 5}, {"a": cap})
+            mem.limit("a")
+        assert mem.limit("a") is None and "the step paid" in mem.pop_ended()["a"]
+        return mem
+
+    assert run(True).aged_out == {"a": 3}
+    assert run(False).aged_out == {}

@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from dlrm_platform.tuner.actions import K_MAX, N_ACTIONS, action_mask, free_cpus
-from dlrm_platform.tuner.observe import Observation
+from dlrm_platform.tuner.observe import Observation, OpObs
 from dlrm_platform.tuner.scaling import AllocationThroughput, ScalingMemory
 from dlrm_platform.tuner.spec import OpSpec
 
@@ -42,6 +43,21 @@ GLOBAL_FEATURES = (
 DELIVERED_TICKS = 90
 #: the holds ``FeatureState.held_gains`` keeps (rl's ``held_mean_ticks`` reads at most these)
 HELD_GAIN_TICKS = 30
+
+
+class Hold(NamedTuple):
+    """What one hold of rl's read (``FeatureState.note_held_gain``)."""
+
+    bottleneck: str
+    #: the bottleneck's "+1"'s predicted relative gain
+    gain: float
+    #: samples/s each operator could sustain at its slots (None: not read)
+    caps: dict[str, float | None]
+    #: share of each operator's slots running tasks over the hold's window
+    busy: dict[str, float]
+    #: ... and held by a task at all, those whose outputs were not read included (``OpObs.throttled``)
+    occupied: dict[str, float]
+
 
 #: a reading of an operator whose slots were at least this share busy is a busy reading
 #: (``FeatureState.note_busy_capacity``; rl's ``idle_reads_busy_capacity`` and ``credit_reads_rise``)
@@ -111,10 +127,9 @@ class FeatureState:
         #: when a cost shift was last told: what was delivered before it floors no busy reading after
         #: (``note_busy_capacity``'s ``floor_min_span_s``)
         self.cost_shift_t: float = -math.inf
-        #: the latest holds, each (tick, the allocation, the bottleneck, its "+1"'s predicted gain, every
-        #: operator's capacity) (``note_held_gain``; rl's ``held_mean_ticks``)
-        self.held_gains: deque[tuple[float, tuple[tuple[str, int], ...], str, float, dict[str, float | None]]] = \
-            deque(maxlen=HELD_GAIN_TICKS)
+        #: the latest holds, each (tick, the allocation, what the hold read) (``note_held_gain``; rl's
+        #: ``held_mean_ticks``)
+        self.held_gains: deque[tuple[float, tuple[tuple[str, int], ...], Hold]] = deque(maxlen=HELD_GAIN_TICKS)
 
     def note_move(self, t: float, before: Mapping[str, int], after: Mapping[str, int], hold_s: float | None,
                   within_s: float) -> None:
@@ -254,20 +269,22 @@ class FeatureState:
             self.steps_since_action = 0
 
     def note_held_gain(self, t: float, alloc: Mapping[str, int], bottleneck: str, gain: float,
-                       caps: Mapping[str, float | None]) -> None:
+                       caps: Mapping[str, float | None], ops: Sequence[OpObs] = ()) -> None:
         """A hold at ``alloc`` with ``bottleneck`` binding, its "+1" predicted to gain ``gain``, the operators
-        read at ``caps``."""
-        self.held_gains.append((t, AllocationThroughput.key(alloc), bottleneck, gain, dict(caps)))
+        read at ``caps``, and how busy the slots of ``ops`` (those not finished) were."""
+        live = [o for o in ops if not o.completed]
+        self.held_gains.append((t, AllocationThroughput.key(alloc), Hold(
+            bottleneck, gain, dict(caps), {o.name: o.util for o in live},
+            {o.name: o.util + o.throttled / max(o.slots, 1) for o in live})))
 
-    def held_at(self, alloc: Mapping[str, int], since: float) -> list[tuple[str, float, dict[str, float | None]]]:
-        """(bottleneck, predicted gain, capacities) of the latest holds in a row at ``alloc``, each after
-        ``since``."""
+    def held_at(self, alloc: Mapping[str, int], since: float) -> list[Hold]:
+        """The latest holds in a row at ``alloc``, each after ``since``, the latest last."""
         key = AllocationThroughput.key(alloc)
-        out: list[tuple[str, float, dict[str, float | None]]] = []
-        for t, at, name, gain, caps in reversed(self.held_gains):
+        out: list[Hold] = []
+        for t, at, hold in reversed(self.held_gains):
             if at != key or t <= since:
                 break
-            out.append((name, gain, caps))
+            out.append(hold)
         return out[::-1]
 
     def tick(self) -> None:

@@ -757,6 +757,9 @@ class RLPolicy(Policy):
                           "rl_held_mean_group_slots": ("held_mean_group_slots", int),
                           "rl_held_mean_group_own_share": ("held_mean_group_own_share",
                                                            lambda v: None if v is None else float(v)),
+                          "rl_held_idle_donor_busy": ("held_idle_donor_busy",
+                                                      lambda v: None if v is None else float(v)),
+                          "rl_held_idle_donor_after_busy": ("held_idle_donor_after_busy", float),
                           "rl_shift_credit_s": ("shift_credit_s", lambda v: None if v is None else float(v)),
                           "rl_credit_low_bar_s": ("credit_low_bar_s", lambda v: None if v is None else float(v)),
                           "rl_credit_keeps_slots": ("credit_keeps_slots", bool),
@@ -850,6 +853,9 @@ class RLPolicy(Policy):
                                                                self.runner.above_min_readings, int),
                              limit_outlives_lower=self._optional("rl_limit_outlives_lower",
                                                                  self.runner.limit_outlives_lower, int),
+                             shift_confirm=bool(self.opts.get("rl_shift_confirm", self.runner.shift_confirm)),
+                             ended_is_unmeasured=bool(self.opts.get("rl_one_slot_after_ended_limit",
+                                                                    self.runner.one_slot_after_ended_limit)),
                              cross_count_shift=self._optional(
                                  "rl_cross_count_shift",
                                  self.runner.cross_count_shift if self._judges_moves() else None, float))
@@ -987,7 +993,10 @@ class RLPolicy(Policy):
         # (or did) grow an operator, which its scaling memory decides and the tick did not carry
         limits = [f"{n} {k}" for n in self.spec.names if (k := self.fs.scaling.limit(n)) is not None]
         paid = f" [more slots measured not to pay past: {', '.join(limits)}]" if limits else ""
-        return self._with_blocks(f"rl: {self.last_action}{paid}")
+        # and why a limit ended, on the tick it did (live, a lookup's limit vanished and the net's "+1" took
+        # it past its peak with nothing in the record to say why: tuner/README.md, runs 79c and 80)
+        ended = "".join(f" [{n}: {why}]" for n, why in self.fs.scaling.pop_ended().items())
+        return self._with_blocks(f"rl: {self.last_action}{paid}{ended}")
 
 
 class AutoPolicy(Policy):

@@ -29,7 +29,7 @@ from dlrm_platform.tuner.actions import (
     scaled_capacities,
     vetoed_actions,
 )
-from dlrm_platform.tuner.features import BUSY_UTIL, FeatureState, featurize
+from dlrm_platform.tuner.features import BUSY_UTIL, FeatureState, Hold, featurize
 from dlrm_platform.tuner.observe import Observation, OpObs
 from dlrm_platform.tuner.spec import Allocation, OpSpec
 
@@ -62,11 +62,11 @@ def _least(caps: dict[str, float | None]) -> str:
     return min(known, key=known.__getitem__) if known else ""
 
 
-def _held_means(held: Sequence[tuple[str, float, dict[str, float | None]]]) -> dict[str, float | None]:
+def _held_means(held: Sequence[Hold]) -> dict[str, float | None]:
     """Each operator's capacity averaged over the ``held`` holds (``FeatureState.held_at``), the latest last;
     None for one not read in every hold."""
-    return {m: float(np.mean(read)) if len(read := [c[m] for _, _, c in held if c.get(m) is not None]) == len(held)
-            else None for m in held[-1][2]}
+    return {m: float(np.mean(read)) if len(read := [h.caps[m] for h in held if h.caps.get(m) is not None]) == len(held)
+            else None for m in held[-1].caps}
 
 
 class RLPolicyRunner:
@@ -217,6 +217,16 @@ class RLPolicyRunner:
     #: identical but contended with the lookup's warm-up (1.005x); with 1, held out 0.993x (tuner/README.md,
     #: run 69)
     limit_outlives_lower: int | None = 2
+    #: (``ScalingMemory.shift_confirm``; policy option ``rl_shift_confirm``). Simulated (10 seeds, 48 held out):
+    #: contended_lookup 0.973-0.984 of the optimum against 0.967-0.971 at 0.2 noise, 0.957-0.965 against
+    #: 0.917-0.949 at 0.4; the rest and the cost shifts as off (tuner/README.md, run 80)
+    shift_confirm: bool = True
+    #: (``ScalingMemory.ended_is_unmeasured``, with ``one_slot_after_aged_limit``; policy option
+    #: ``rl_one_slot_after_ended_limit``). Off: simulated neutral over the suite (1.001x of the optimum, held out
+    #: and shifts as off), but per_task_overhead at 0.4 counter noise and 8,000-row blocks 0.920 against 0.936
+    #: (a limit ended on noise holds the climb to one slot a move); live it did not fire in two contended rounds
+    #: (0.976 / 1.000 of the oracle, run 80)
+    one_slot_after_ended_limit: bool = False
     #: for this many seconds after an operator's cost per row was measured to rise (``tuner/cost_shift.py``,
     #: by the workers' own clocks), while it is the bottleneck and has fewer slots than its count then times
     #: the rise, a move that grows it need only clear ``shield_min_gain``, not its counters' noise: the
@@ -477,6 +487,17 @@ class RLPolicyRunner:
     #: (0.9-0.98 of 1/k). Simulated, 0.5 and 0.75 alike: 0.956 / 0.957 of the optimum against 0.956 / 0.956
     #: with any share (wide_skewed at 0.4 noise 0.879 against 0.872, contended_lookup at 0.2 0.967 against 0.970)
     held_mean_group_own_share: float | None = 0.75
+    #: where operators took turns to bind over those holds, the one whose slots ran tasks this share of the time
+    #: on average takes a slot from the operator that left the most idle (``_idle_donor_move``; policy option
+    #: ``rl_held_idle_donor_busy``; None: off), where that one, a slot fewer, would be busy at most
+    #: ``held_idle_donor_after_busy`` of the time. Live, per_task_overhead's hash at 7 slots (8,000-row blocks,
+    #: ~3 s tasks) read 9,300-18,600 samples/s a tick and ran tasks in 100% of 43 holds while feature_cross
+    #: at 6 ran them 40-80% of the time; five operators took turns to bind, the held-mean rule judged none, and
+    #: the run ended at 15,120 against 17,100 with the hash at 8 (tuner/README.md, run 80). Simulated neutral
+    #: (0.956 / 0.955 of the optimum against 0.957 / 0.957, held out 0.974 against 0.975); live it fired once or
+    #: twice a round where the hash ran all the time ("+1 sparse_hash, -1 pack")
+    held_idle_donor_busy: float | None = 0.95
+    held_idle_donor_after_busy: float = 0.9
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -703,7 +724,7 @@ class RLPolicyRunner:
         what = describe_action(a, [s.name for s in specs])
         if (self.one_slot_after_aged_limit and 1 <= a <= min(K_MAX, len(specs))
                 and (aged := fs.scaling.aged_out.get(name)) is not None and new[name] > aged):
-            what += f": the step past {aged} slots measured again (its limit there aged out)"
+            what += f": the step past {aged} slots measured again (its limit there ended)"
         if new == alloc:
             fs.climbing = False  # it held with every operator measured: what follows refines, one operator a move
         if self.chain_slots and fs.climbing and 1 <= a <= K_MAX and new != alloc:
@@ -844,17 +865,20 @@ class RLPolicyRunner:
         if b not in names:
             return None
         now = grown(b, caps)
-        fs.note_held_gain(obs.t, alloc, b, 0.0 if now is None else max(now[1], 0.0), caps)
+        fs.note_held_gain(obs.t, alloc, b, 0.0 if now is None else max(now[1], 0.0), caps, obs.ops)
         n = self.held_mean_ticks
         held = fs.held_at(alloc, fs.cost_shift_t)[-n:]
         if len(held) < n:
             return None
-        bound = [m for m, _, _ in held]
+        bound = [h.bottleneck for h in held]
         name = max(set(bound), key=bound.count)
         if bound.count(name) >= self.held_mean_share * n:
-            mean = sum(g for m, g, _ in held if m == name) / n
+            mean = sum(h.gain for h in held if h.bottleneck == name) / n
             move = grown(name, caps)
             why = f"the bottleneck in {bound.count(name)} of the last {n} holds, its \"+1\" predicting {mean:+.0%} on average"
+        elif (swap := self._idle_donor_move(held, mask, alloc, specs, budget, limits, fs, memory_bound)) is not None:
+            fs.held_gains.clear()  # judged: the next holds are at the allocation it makes
+            return swap
         elif self.held_mean_by_capacity:
             # operators taking turns to bind: the one of least capacity on average, unless more of its slots
             # were measured to deliver no more than its slots now do (live, the contended lookup grew 9 -> 11
@@ -888,7 +912,7 @@ class RLPolicyRunner:
         fs.held_gains.clear()  # judged: the next holds are at the allocation it makes
         return move[0], f"+1 {name}: {why}; a mean of {n} must clear {bar:.0%} (one reading {min_gain:.0%})"
 
-    def _held_mean_group(self, name: str, held: Sequence[tuple[str, float, dict[str, float | None]]],
+    def _held_mean_group(self, name: str, held: Sequence[Hold],
                          mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
                          limits: dict[str, int], fs: FeatureState,
                          memory_bound: bool) -> tuple[Allocation, float] | None:
@@ -904,9 +928,7 @@ class RLPolicyRunner:
         names = [s.name for s in specs[:K_MAX]]
 
         def may_grow(m: str) -> bool:
-            return (m in names and bool(mask[1 + names.index(m)]) and alloc[m] < limits.get(m, math.inf)
-                    and not fs.scaling.measured_no_faster_above(m, alloc[m])
-                    and (self.scaling_margin is None or self._measured_enough(fs, m, alloc[m])))
+            return self._may_grow(m, names, mask, alloc, limits, fs)
 
         if means.get(name) is None or not may_grow(name):
             return None
@@ -915,7 +937,7 @@ class RLPolicyRunner:
         if first is None:
             return None
         most = {m: min(alloc[m] + self._most_slots(m, alloc, limits, fs), 2 * alloc[m]) for m in names if may_grow(m)}
-        gained = sum(g for m, g, _ in held if m == name) / len(held)
+        gained = sum(h.gain for h in held if h.bottleneck == name) / len(held)
         if self.held_mean_group_own_share is not None and gained < self.held_mean_group_own_share / alloc[name]:
             most[name] = alloc[name] + 1  # another operator capped its "+1" in the holds: the rest go to others
         new, chain = grow_next_bottlenecks(alloc, first[0], specs, budget, means, most,
@@ -925,6 +947,59 @@ class RLPolicyRunner:
         if not chain or not math.isfinite(now) or now <= 0:
             return None
         return new, predicted_bottleneck(alloc, means, new, model) / now - 1.0
+
+    def _may_grow(self, name: str, names: Sequence[str], mask: np.ndarray, alloc: Allocation,
+                  limits: dict[str, int], fs: FeatureState) -> bool:
+        """Whether a hold's rule may give ``name`` a slot more: a "+1" of its own could (allowed, under its
+        measured limit, measured steady at its slots, more of it not measured to be no faster)."""
+        return (name in names and bool(mask[1 + list(names).index(name)]) and alloc[name] < limits.get(name, math.inf)
+                and not fs.scaling.measured_no_faster_above(name, alloc[name])
+                and (self.scaling_margin is None or self._measured_enough(fs, name, alloc[name])))
+
+    def _idle_donor_move(self, held: Sequence[Hold], mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec],
+                         budget: float, limits: dict[str, int], fs: FeatureState,
+                         memory_bound: bool) -> tuple[Allocation, str] | None:
+        """Operators took turns to bind in the ``held`` holds: ``(allocation, why)`` for "+1" the operator whose
+        slots ran tasks at least ``held_idle_donor_busy`` of the time on average (of several, the least capacity
+        on average), one slot from the operator that left the most slots idle, where that one, a slot fewer,
+        would be busy at most ``held_idle_donor_after_busy`` of the time with the pipeline a slot's linear gain
+        faster; None where no such pair is. How busy a slot was is read from the time its tasks held it, which
+        a window that finished no block (and so read no capacity) measures too."""
+        if memory_bound or self.held_idle_donor_busy is None:
+            return None
+        names = [s.name for s in specs[:K_MAX]]
+        live = held[-1].busy
+        busy = {m: float(np.mean([h.busy.get(m, 0.0) for h in held])) for m in live}
+        occupied = {m: float(np.mean([h.occupied.get(m, 0.0) for h in held])) for m in live}
+        means = _held_means(held)
+        grow = [m for m in names if busy.get(m, 0.0) >= self.held_idle_donor_busy
+                and self._may_grow(m, names, mask, alloc, limits, fs)]
+        if not grow:
+            return None
+        name = min(grow, key=lambda m: math.inf if means.get(m) is None else means[m])
+        gain = 1.0 / alloc[name]
+        spec = {s.name: s for s in specs}
+
+        def headroom(d: str) -> float:
+            """Slots ``d`` would have to spare at one fewer, its load risen by ``gain``."""
+            return self.held_idle_donor_after_busy * (alloc[d] - 1) - occupied[d] * alloc[d] * (1.0 + gain)
+
+        donors = [d for d in names if d != name and d in occupied and alloc[d] > spec[d].min_slots
+                  and spec[d].num_cpus >= spec[name].num_cpus - 1e-9 and headroom(d) >= 0.0]
+        if not donors:
+            return None
+        donor = max(donors, key=headroom)
+        new = dict(alloc)
+        new[name] += 1
+        new[donor] -= 1
+        if sum(new[s.name] * s.num_cpus for s in specs) > budget + 1e-9:
+            return None
+        bound = {h.bottleneck for h in held}
+        why = (f"+1 {name}, -1 {donor}: {len(bound)} operators took turns to bind over the last {len(held)} holds;"
+               f" {name}'s slots ran tasks {busy[name]:.0%} of the time, {donor}'s {occupied[donor]:.0%} of its"
+               f" {alloc[donor]} ({occupied[donor] * alloc[donor]:.1f} busy), room at {alloc[donor] - 1} for"
+               f" {name}'s +{gain:.0%}")
+        return new, why
 
     @staticmethod
     def _plus_one(a: int, alloc: Allocation, specs: Sequence[OpSpec], budget: float,

@@ -85,7 +85,8 @@ class ScalingMemory:
                  limit_hysteresis: float | None = None, delivered_window_s: float | None = None,
                  delivered_max_age: int | None = None, cross_count_shift: float | None = None,
                  keep_expired_slope: bool = False, superlinear_tolerance: float | None = None,
-                 above_min_readings: int | None = None, limit_outlives_lower: int | None = None):
+                 above_min_readings: int | None = None, limit_outlives_lower: int | None = None,
+                 shift_confirm: bool = False, ended_is_unmeasured: bool = False):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements,
         #: smoothed samples/s the pipeline delivered while it was measured there, None where not given)
         self.curves: dict[str, dict[int, tuple[float, int, int, float | None]]] = {n: {} for n in names}
@@ -140,6 +141,9 @@ class ScalingMemory:
         self.cross_shifts = 0
         #: operator -> the limit held (``limit_hysteresis``)
         self.held: dict[str, HeldLimit] = {}
+        #: operator -> why its held limit last ended, until read (``pop_ended``): the decision log says it on
+        #: the tick it happens, as a limit's start is said by the hold it makes
+        self.ended: dict[str, str] = {}
         #: operators whose held limit of a step of two slots or more expired with its lower point while they
         #: ran past it, and that have not grown since (rl's ``one_slot_after_release``)
         self.released: set[str] = set()
@@ -168,12 +172,27 @@ class ScalingMemory:
         self.above_min_readings = above_min_readings
         #: a held limit whose step spans this many slots or more outlives its lower point's expiry while the
         #: operator runs at the step's top or past it: the point is judged by its figures when the limit was
-        #: last measured (``_still_holds``) until ``horizon_above`` steps (None: it goes with the point). An
+        #: last measured (``_ends``) until ``horizon_above`` steps (None: it goes with the point). An
         #: operator past its limit does not measure the count below again, so its point expires after
         #: ``horizon`` steps while the evidence above it is kept ``horizon_above``: live, the contended lookup
         #: at 7-8 slots past a limit at 5-6 went +2 to +4 within a tick of that expiry, each time past its
         #: peak, in 8 of runs 66-68's contended shift runs
         self.limit_outlives_lower = limit_outlives_lower
+        #: with ``shift_rescales``, a reading off its point by more than ``shift_tolerance`` is taken for a cost
+        #: shift only where the next reading at those slots is off the same way; alone it is left out (False:
+        #: at once). A burst window at the lower count of a limit rescales the points above by its ratio while
+        #: the lower point is measured back down: live, the contended lookup's "5 -> 6 did not pay" ended as
+        #: "capacity 7,781 at 6 slots against 6,621 at 5" (6 last read 5,982, x1.30) and the net's "+1" took
+        #: it 6 -> 10 in that tick (tuner/README.md, run 80)
+        self.shift_confirm = shift_confirm
+        #: a held limit that ends on its step measured to pay (or on what the pipeline delivered there) marks
+        #: its count in ``aged_out`` as one that ends by age does (False: by age only): the step paid, but
+        #: past where the operator runs now nothing is measured. Live, the contended lookup's "6 -> 8 did not
+        #: pay" ended as "the pipeline delivered 6,920 samples/s at 8 slots against 5,536 at 6" and the net's
+        #: "+1" took it 8 -> 12 in that tick, past its peak, for 39 s (tuner/README.md, run 80)
+        self.ended_is_unmeasured = ended_is_unmeasured
+        #: operator -> (slots, whether up) of a reading off its point awaiting the next (``shift_confirm``)
+        self.pending_shift: dict[str, tuple[int, bool]] = {}
         self.step = 0
 
     def record(self, alloc: Mapping[str, int], capacities: Mapping[str, float | None],
@@ -190,14 +209,14 @@ class ScalingMemory:
                 continue
             curve = self.curves.setdefault(name, {})
             for old in [j for j, (_, t, n, _) in curve.items() if self.step - t > self._horizon(j, k, n)]:
-                del curve[old]
+                age = self.step - curve.pop(old)[1]
                 if (held := self.held.get(name)) is not None and old in (held.k, held.k2):
                     if (self.limit_outlives_lower is not None and old == held.k and k >= held.k2
                             and held.k2 - held.k >= self.limit_outlives_lower):
-                        continue  # judged by held.points until horizon_above (_still_holds)
+                        continue  # judged by held.points until horizon_above (_ends)
                     # its evidence as old as the memory keeps any: kept on, a gradual cost shift held a
                     # simulated operator below its new optimum for the rest of the run
-                    del self.held[name]
+                    self._end(name, f"its point at {old} slots expired ({age} steps old)")
                     self.aged_out[name] = held.k  # its step is unmeasured again, not paid
                     if self.keep_expired_slope and (share := self._held_share(held)) is not None:
                         self.expired_share[name] = (held.k2, share)
@@ -208,11 +227,18 @@ class ScalingMemory:
             seen = curve.get(k)
             if seen is None and self.cross_count_shift is not None and self._across_a_shift(name, curve, k, cap):
                 curve.clear()
-                self.held.pop(name, None)
+                self._end(name, f"{cap:,.0f} at {k} slots cannot lie on one curve with its other points (a cost shift)")
                 self.noise.pop(name, None)
                 self.expired_share.pop(name, None)
                 self.cross_shifts += 1
             dev = abs(cap / seen[0] - 1.0) if seen is not None and seen[0] > 0 else None
+            pending = self.pending_shift.pop(name, None)
+            if dev is not None and dev > self.shift_tolerance and self.shift_confirm and self.shift_rescales:
+                # one window off its point is a burst until the next at these slots is off the same way
+                up = cap > seen[0]
+                if pending is None or pending != (k, up):
+                    self.pending_shift[name] = (k, up)
+                    continue
             if dev is not None and dev > self.shift_tolerance:
                 if self.shift_rescales:
                     # Its cost changed, and so did its capacity at the counts above, by the same factor (a
@@ -241,7 +267,7 @@ class ScalingMemory:
                 else:
                     curve.clear()  # its cost changed: the rest of its curve is stale too
                     self.noise.pop(name, None)  # and the deviations on the way there were no noise
-                    self.held.pop(name, None)
+                    self._end(name, f"{cap:,.0f} at {k} slots, {dev:.0%} off its point there (a cost shift)")
                     self.expired_share.pop(name, None)
                 curve[k] = (cap, self.step, 1, got)
                 continue
@@ -283,12 +309,12 @@ class ScalingMemory:
             dev = min(dev, 2.0 * old + 0.02)
         self.noise[name] = dev if old is None else (1 - self.noise_alpha) * old + self.noise_alpha * dev
 
-    def forget(self, name: str) -> None:
+    def forget(self, name: str, why: str = "its cost per row changed") -> None:
         """Drop everything measured of ``name``: its cost per row changed (``cost_shift``), so every
         point of its curve, and any limit resting on them, describes an operator that no longer runs.
         Its noise stands: how far one window strays is the counters', not the cost's."""
         self.curves[name] = {}
-        self.held.pop(name, None)
+        self._end(name, why)
         self.expired_share.pop(name, None)
         self.released.discard(name)
         self.aged_out.pop(name, None)
@@ -297,7 +323,7 @@ class ScalingMemory:
         """Drop every operator's points, limits and noise: they were read while the pass's rates still
         climbed (workers warming up), so neither the figures nor their spread describe it steady."""
         for name in self.curves:
-            self.forget(name)
+            self.forget(name, "what was measured while the workers warmed up is forgotten")
         self.noise.clear()
 
     def forget_above(self, name: str, k: int) -> None:
@@ -412,11 +438,14 @@ class ScalingMemory:
         if found is not None and (held is None or found[0] <= held.k):
             self.held[name] = self._hold(name, *found)
             return found[0]
-        if held is not None and self._still_holds(name, held):
+        if held is not None and (why := self._ends(name, held)) is None:
             return held.k if found is None else min(held.k, found[0])
         if held is not None and found is None and self._aged(held):
             self.aged_out[name] = held.k  # its step is unmeasured again, not paid
-        self.held.pop(name, None)
+        if held is not None:
+            self._end(name, why if found is None else f"{why}; the first step that did not pay is now {found[0]} -> {found[1]}")
+            if found is None and self.ended_is_unmeasured:
+                self.aged_out.setdefault(name, held.k)  # what lies past where it runs is measured afresh
         if found is not None:
             self.held[name] = self._hold(name, *found)
         return found[0] if found else None
@@ -426,22 +455,36 @@ class ScalingMemory:
         return HeldLimit(k, k2, self.step, {j: (settled[j], curve[j][3], curve[j][1]) for j in (k, k2)},
                          curve[k2][2])
 
-    def _still_holds(self, name: str, held: HeldLimit) -> bool:
-        """A held limit stands until the step it rests on measures clearly paid (``k2`` over the line by
-        ``limit_hysteresis``), or what the pipeline delivered rose there as :meth:`limit` asks, or
-        ``horizon_above`` steps pass. A point forgotten meanwhile (a stray window read as a cost shift)
-        is judged by its figures when the limit was last measured: live, forgetting the counts below
-        made the step up to 11 lookup slots "count as paid"."""
+    def _ends(self, name: str, held: HeldLimit) -> str | None:
+        """Why a held limit ends now (None: it stands). It stands until the step it rests on measures clearly
+        paid (``k2`` over the line by ``limit_hysteresis``), or what the pipeline delivered rose there as
+        :meth:`limit` asks, or ``horizon_above`` steps pass. A point forgotten meanwhile (a stray window read
+        as a cost shift) is judged by its figures when the limit was last measured: live, forgetting the
+        counts below made the step up to 11 lookup slots "count as paid"."""
         if self._aged(held):
-            return False
+            return f"measured last {self.step - held.step} steps ago"
         curve, settled = self.curves.get(name, {}), self.settled(name)
         (c, d, t), (c2, d2, t2) = ((settled[j], curve[j][3], curve[j][1]) if j in curve else held.points[j]
                                    for j in (held.k, held.k2))
         if self._rose(d, d2, t, t2):
-            return False
+            return f"the pipeline delivered {d2:,.0f} samples/s at {held.k2} slots against {d:,.0f} at {held.k}"
         if held.k2 in curve and not self.measured_often(name, held.k2):
-            return True
-        return c2 < self._paid_line(c, held.k, held.k2) * (1.0 + self.limit_hysteresis)
+            return None
+        line = self._paid_line(c, held.k, held.k2) * (1.0 + self.limit_hysteresis)
+        if c2 < line:
+            return None
+        return f"capacity {c2:,.0f} at {held.k2} slots against {c:,.0f} at {held.k}: the step paid"
+
+    def _end(self, name: str, why: str) -> None:
+        """``name``'s held limit (if any) ends, for ``why``."""
+        held = self.held.pop(name, None)
+        if held is not None:
+            self.ended[name] = f"its limit of {held.k} slots ended: {why}"
+
+    def pop_ended(self) -> dict[str, str]:
+        """Why each held limit that ended since the last call ended."""
+        out, self.ended = self.ended, {}
+        return out
 
     def _aged(self, held: HeldLimit) -> bool:
         """``held`` last measured longer ago than its points are kept (``_limit_horizon``)."""
