@@ -494,8 +494,8 @@ class RLPolicyRunner:
     #: ~3 s tasks) read 9,300-18,600 samples/s a tick and ran tasks in 100% of 43 holds while feature_cross
     #: at 6 ran them 40-80% of the time; five operators took turns to bind, the held-mean rule judged none, and
     #: the run ended at 15,120 against 17,100 with the hash at 8 (tuner/README.md, run 80). Simulated neutral
-    #: (0.956 / 0.955 of the optimum against 0.957 / 0.957, held out 0.974 against 0.975); live it fired once or
-    #: twice a round where the hash ran all the time ("+1 sparse_hash, -1 pack")
+    #: (0.956 / 0.955 of the optimum against 0.957 / 0.957, held out 0.974 against 0.975); live it fired once in
+    #: each of 4 of 8 per_task_overhead rounds, where the hash ran all the time ("+1 sparse_hash, -1 pack")
     held_idle_donor_busy: float | None = 0.95
     held_idle_donor_after_busy: float = 0.9
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
