@@ -15,7 +15,7 @@ from dlrm_platform.tuner.rl import RLPolicyRunner
 from dlrm_platform.tuner.scaling import AllocationThroughput, ScalingMemory
 from dlrm_platform.tuner.simulator import SimOp, SimPipeline, from_profile, run_controller_in_sim
 from dlrm_platform.tuner.sleep_pipelines import PipelineDef, _ContendedService
-from dlrm_platform.tuner.spec import TunerSpec
+from dlrm_platform.tuner.spec import OpSpec, TunerSpec
 
 
 def _measure(mem: ScalingMemory, name: str, slots: int, cap: float, times: int = 3) -> None:
@@ -575,10 +575,12 @@ def test_rl_judges_its_moves_by_what_they_delivered_where_counters_are_too_noisy
     share: dict[bool, list[float]] = {False: [], True: []}
     for seed in range(4):
         for judge in (False, True):
-            # a burst taken for a cost shift at once, as when the judgement was made (``rl_shift_confirm``,
-            # run 80, lifts the unjudged mean 0.81 -> 0.85 here)
+            # a burst taken for a cost shift at once, and a limit whose point that forgot not compared with,
+            # as when the judgement was made (``rl_shift_confirm``, run 80, lifts the unjudged mean 0.81 ->
+            # 0.85 here; ``rl_held_point_judges_return``, run 81, on top of it to 0.92)
             spec = TunerSpec(f"judge-{judge}-{seed}", "rl", 24.0, _noisy_contended().specs({"read": 1, "lookup": 3, "pack": 1}),
-                             options={"rl_judge_moves": judge, "share_window_s": 0, "rl_shift_confirm": False})
+                             options={"rl_judge_moves": judge, "share_window_s": 0, "rl_shift_confirm": False,
+                                      "rl_held_point_judges_return": False})
             trace = run_controller_in_sim(_noisy_contended(), spec, steps=160, seed=seed)
             share[judge].append(float(np.mean([x["throughput"] for x in trace[-80:]])) / optimum)
     # its own counters (sigma 0.8) still say "more lookup slots" often enough to leave it past the peak
@@ -1169,3 +1171,54 @@ def test_with_ended_is_unmeasured_a_limit_that_ends_on_its_step_paying_marks_its
 
     assert run(True).aged_out == {"a": 3}
     assert run(False).aged_out == {}
+
+
+def _past_a_limit_whose_point_was_forgotten(judge: bool) -> ScalingMemory:
+    """6 -> 8 slots paid by what the pipeline delivered (5,536 -> 6,920 samples/s); 12's first window reads
+    1,900 (its workers starting): "8 -> 12 did not pay" holds. The next two at 12 read ~4,450, a cost shift
+    by ``shift_confirm``: the counts below 12 are forgotten, 8's among them, while the limit of 8 holds
+    (live, the contended lookup at 12 past 8 for 34 s, run 81)."""
+    mem = ScalingMemory(["a"], noise_k=3.0, shift_rescales=True, horizon_above=90, delivered_margin=0.15,
+                        limit_hysteresis=0.1, delivered_max_age=30, limit_outlives_lower=2, shift_confirm=True,
+                        held_point_judges_return=judge)
+    for k, cap, got in [(6, 5500.0, 5536.0)] * 3 + [(8, 5900.0, 6920.0)] * 3:
+        mem.record({"a": k}, {"a": cap}, delivered=got)
+        mem.limit("a")
+    assert mem.limit("a") is None
+    for cap, got in ((1900.0, None), (4500.0, None), (4400.0, 4560.0), (4500.0, 4560.0), (4450.0, 4560.0)):
+        mem.record({"a": 12}, {"a": cap}, delivered=got)
+        assert mem.limit("a") == 8
+    assert sorted(mem.curves["a"]) == [12] and mem.measured_often("a", 12)
+    return mem
+
+
+def test_with_held_point_judges_return_a_limit_whose_point_was_forgotten_is_compared_by_its_figures():
+    """The return rules compare the count past a held limit with the limit's figures when last measured where
+    its point was forgotten (``held_point_judges_return``): 12 delivers 4,560 against 6,920 at 8, and reads
+    less capacity. Off, nothing compares them and the operator stays past its limit until the limit ends."""
+    on = _past_a_limit_whose_point_was_forgotten(True)
+    # its figures when last measured, as the shift left them (the capacity rescaled as the counts above are)
+    assert on.limit_point("a", 8) == on.held["a"].points[8][:2] and on.limit_point("a", 8)[1] == 6920.0
+    assert on.delivered_past("a", 12, 8) == (4560.0, 6920.0)
+    assert on.delivered_less_past("a", 12, 8, 0.15) and on.no_faster_past("a", 12, 8, 0.10)
+    assert on.limit_point("a", 6) is None  # not the held limit's: forgotten is forgotten
+    off = _past_a_limit_whose_point_was_forgotten(False)
+    assert off.limit_point("a", 8) is None and off.delivered_past("a", 12, 8) is None
+    assert not off.delivered_less_past("a", 12, 8, 0.15) and not off.no_faster_past("a", 12, 8, 0.10)
+
+
+def test_rl_goes_back_to_a_held_limit_whose_point_was_forgotten_and_says_against_what():
+    """The runner's return rule fires on such a limit, and its reason names the figures it compared."""
+    specs = [OpSpec(name="a", num_cpus=1.0, min_slots=1, max_slots=16)]
+    runner = RLPolicyRunner.load()
+    moves = {}
+    for judge in (True, False):
+        fs = FeatureState(["a"])
+        fs.scaling = _past_a_limit_whose_point_was_forgotten(judge)
+        moves[judge] = runner._move_back(_obs({"a": 4450.0}, {"a": 12}), {"a": 12}, specs, 16.0, fs)
+    assert moves[False] is None
+    new, why = moves[True]
+    assert new == {"a": 8}, why
+    assert why.startswith("-4 a: to 8 slots, the slots past its limit bought nothing (capacity "), why
+    assert "against 8's when its limit was last measured at 12, the pipeline delivering 4,560 samples/s there " \
+           "against 6,920)" in why, why

@@ -856,6 +856,8 @@ class RLPolicy(Policy):
                              shift_confirm=bool(self.opts.get("rl_shift_confirm", self.runner.shift_confirm)),
                              ended_is_unmeasured=bool(self.opts.get("rl_one_slot_after_ended_limit",
                                                                     self.runner.one_slot_after_ended_limit)),
+                             held_point_judges_return=bool(self.opts.get("rl_held_point_judges_return",
+                                                                         self.runner.held_point_judges_return)),
                              cross_count_shift=self._optional(
                                  "rl_cross_count_shift",
                                  self.runner.cross_count_shift if self._judges_moves() else None, float))

@@ -227,6 +227,14 @@ class RLPolicyRunner:
     #: (a limit ended on noise holds the climb to one slot a move); live it did not fire in two contended rounds
     #: (0.976 / 1.000 of the oracle, run 80)
     one_slot_after_ended_limit: bool = False
+    #: the return rules (``_bought_nothing_past_limit``) judge a held limit whose point was forgotten by its
+    #: figures when last measured (``ScalingMemory.held_point_judges_return``; policy option
+    #: ``rl_held_point_judges_return``). Live (run 80, o80a round 1), the lookup held at 12 slots past a limit
+    #: of 8 for 34 s, reading ~4,500 against ~5,900 at 8, the point at 8 forgotten by a "shift" at 12. Simulated
+    #: (10 seeds, 10 shift seeds, 48 held out): the suite and held out as off (0.961 / 0.974 both); one
+    #: per_task_overhead cost shift held at 0.747 of its post-shift optimum off, 0.995 on (12 s to recover).
+    #: Live it fired once in two contended rounds (run 81: 10 -> 7 at 87.8 s; 1.008 / 0.942 of the oracle)
+    held_point_judges_return: bool = True
     #: for this many seconds after an operator's cost per row was measured to rise (``tuner/cost_shift.py``,
     #: by the workers' own clocks), while it is the bottleneck and has fewer slots than its count then times
     #: the rise, a move that grows it need only clear ``shield_min_gain``, not its counters' noise: the
@@ -1225,12 +1233,16 @@ class RLPolicyRunner:
         if flat is not None:
             name, k = flat
             now, curve = alloc[name], fs.scaling.settled(name)
+            at_limit = fs.scaling.limit_point(name, k)  # the rules above found it
+            rel = f"{curve[now] / at_limit[0] - 1:+.0%}" if at_limit is not None and at_limit[0] > 0 else "n/a"
+            if k not in curve:
+                rel += f" against {k}'s when its limit was last measured"
             if (both := fs.scaling.delivered_past(name, now, k)) is not None:  # both tests rest on these
-                why = (f"the slots past its limit bought nothing (capacity {curve[now] / curve[k] - 1:+.0%} at "
+                why = (f"the slots past its limit bought nothing (capacity {rel} at "
                        f"{now}, the pipeline delivering {both[0]:,.0f} samples/s there against {both[1]:,.0f})")
             else:
                 why = (f"the slots past its limit bought nothing by its counters (capacity "
-                       f"{curve[now] / curve[k] - 1:+.0%} at {now}); what the pipeline delivers at {k} was "
+                       f"{rel} at {now}); what the pipeline delivers at {k} was "
                        f"never measured, going back measures it")
         elif best is not None:
             gain, name, k = best

@@ -86,7 +86,8 @@ class ScalingMemory:
                  delivered_max_age: int | None = None, cross_count_shift: float | None = None,
                  keep_expired_slope: bool = False, superlinear_tolerance: float | None = None,
                  above_min_readings: int | None = None, limit_outlives_lower: int | None = None,
-                 shift_confirm: bool = False, ended_is_unmeasured: bool = False):
+                 shift_confirm: bool = False, ended_is_unmeasured: bool = False,
+                 held_point_judges_return: bool = False):
         #: operator -> slots -> (smoothed capacity in samples/s, step it was last measured, measurements,
         #: smoothed samples/s the pipeline delivered while it was measured there, None where not given)
         self.curves: dict[str, dict[int, tuple[float, int, int, float | None]]] = {n: {} for n in names}
@@ -191,6 +192,10 @@ class ScalingMemory:
         #: pay" ended as "the pipeline delivered 6,920 samples/s at 8 slots against 5,536 at 6" and the net's
         #: "+1" took it 8 -> 12 in that tick, past its peak, for 39 s (tuner/README.md, run 80)
         self.ended_is_unmeasured = ended_is_unmeasured
+        #: where a held limit's point was forgotten while it holds, the rules that send an operator past it
+        #: back judge it by the limit's figures when last measured (:meth:`limit_point`; False: they cannot
+        #: judge it, and the operator stays past the limit until it ends)
+        self.held_point_judges_return = held_point_judges_return
         #: operator -> (slots, whether up) of a reading off its point awaiting the next (``shift_confirm``)
         self.pending_shift: dict[str, tuple[int, bool]] = {}
         self.step = 0
@@ -349,21 +354,38 @@ class ScalingMemory:
         """Slot count -> samples/s the pipeline delivered while ``name`` was measured there (where given)."""
         return {k: v[3] for k, v in self.curves.get(name, {}).items() if v[3] is not None}
 
+    def limit_point(self, name: str, limit: int) -> tuple[float, float | None] | None:
+        """``name``'s figures at its ``limit``: (capacity, delivered samples/s or None), from its curve, or
+        where that point was forgotten while the limit holds (``held``), from the limit's figures when it was
+        last measured, as :meth:`_ends` judges it (``held_point_judges_return``; None where neither has it).
+        A reading off its point at a count past the limit (a cost shift, or a first window read low as its
+        workers started) forgets the counts below it, the limit's among them, while the limit holds: live,
+        the contended lookup sat at 12 slots past a limit of 8 for 34 s, 12 reading ~4,500 against ~5,900
+        at 8, and no rule could compare the two (tuner/README.md, run 81)."""
+        if limit in self.curves.get(name, {}):
+            return self.settled(name)[limit], self.curves[name][limit][3]
+        held = self.held.get(name)
+        if self.held_point_judges_return and held is not None and held.k == limit and limit in held.points:
+            c, d, _ = held.points[limit]
+            return c, d
+        return None
+
     def delivered_past(self, name: str, now: int, limit: int) -> tuple[float, float] | None:
         """What the pipeline delivered with ``name`` at ``now`` slots (measured often there) and at its
-        ``limit``: (at now, at the limit); None where either figure is missing."""
+        ``limit`` (:meth:`limit_point`): (at now, at the limit); None where either figure is missing."""
         delivered = self.delivered(name)
-        if not self.measured_often(name, now) or now not in delivered or limit not in delivered:
+        at_limit = self.limit_point(name, limit)
+        if not self.measured_often(name, now) or now not in delivered or at_limit is None or at_limit[1] is None:
             return None
-        return delivered[now], delivered[limit]
+        return delivered[now], at_limit[1]
 
     def no_faster_past(self, name: str, now: int, limit: int, margin: float) -> bool:
         """``name`` at ``now`` slots, past its ``limit``, is measured no faster there: ``now`` measured often,
         its capacity at most ``margin`` over the limit's, and the pipeline delivered no more there."""
         if (both := self.delivered_past(name, now, limit)) is None:
             return False
-        curve = self.settled(name)
-        return curve[now] <= curve[limit] * (1.0 + margin) and both[0] <= both[1]
+        curve, at_limit = self.settled(name), self.limit_point(name, limit)
+        return at_limit is not None and curve[now] <= at_limit[0] * (1.0 + margin) and both[0] <= both[1]
 
     def delivered_less_past(self, name: str, now: int, limit: int, drop: float) -> bool:
         """``name`` at ``now`` slots, past its ``limit``, measured often there, and the pipeline delivered at
@@ -380,11 +402,12 @@ class ScalingMemory:
         limit's capacity. Its counters say the slots past the limit bought nothing; going back measures
         the pipeline there."""
         curve, delivered = self.settled(name), self.delivered(name)
-        if not self.measured_often(name, now) or now not in curve or limit not in curve or now not in delivered:
+        at_limit = self.limit_point(name, limit)
+        if not self.measured_often(name, now) or now not in curve or at_limit is None or now not in delivered:
             return False
         # and the limit's capacity alone is above what the pipeline delivers now: going back can cap it no lower
-        return (limit not in delivered and curve[now] <= curve[limit] * (1.0 + margin)
-                and curve[limit] > delivered[now])
+        return (at_limit[1] is None and curve[now] <= at_limit[0] * (1.0 + margin)
+                and at_limit[0] > delivered[now])
 
     def measured_no_faster_above(self, name: str, k: int) -> bool:
         """A count of ``name`` larger than ``k`` measured at no more capacity than ``k`` (False where ``k``
