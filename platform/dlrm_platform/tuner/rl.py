@@ -506,6 +506,20 @@ class RLPolicyRunner:
     #: each of 4 of 8 per_task_overhead rounds, where the hash ran all the time ("+1 sparse_hash, -1 pack")
     held_idle_donor_busy: float | None = 0.95
     held_idle_donor_after_busy: float = 0.9
+    #: a "+1" of the net's (or a hold it overrides) at an allocation held this many ticks in a row since the last
+    #: cost shift must also predict ``shield_min_gain`` on each operator's capacity averaged over those holds and
+    #: this reading, the move as the runner makes it, donors included (``_held_means_veto``; policy option
+    #: ``rl_net_move_held_mean_ticks``; None: one reading judges it). One tick's reading of noisy counters predicts
+    #: gains the averages do not: live, per_task_overhead sat at 3/5/8/5/3 (the oracle's pick) for 15 s, then
+    #: "+1 parse" took it to 3/7/7/5/2 on one tick that read the hash and pack high, and five more such moves
+    #: followed in the last 25 s (15,120 samples/s against the oracle's 16,560; tuner/README.md, run 81).
+    #: Simulated (10 seeds, 10 shift seeds, 48 held out): with 4, 0.970 / 0.966 of the optimum with / without
+    #: warm-ups against 0.961 / 0.961 off (wide_skewed at 0.4 noise 0.912 against 0.896, dlrm_preprocessing
+    #: 0.951 against 0.919), held out 0.974 as off, shift recovery mean 2.42 s against 2.36; with 6, 0.966 /
+    #: 0.963; with 3, 0.963 / 0.967 (tuner/README.md, run 82) ...
+    net_move_held_mean_ticks: int | None = 4
+    #: ... and, where this is above 0, that many times the bottleneck's noise over sqrt(holds + 1) on the averages
+    net_move_held_mean_noise_k: float = 0.0
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -529,7 +543,8 @@ class RLPolicyRunner:
         # asked, and how many of its own choices (argmax over the plain mask) the shield vetoed
         self.stats = {"asked": 0, "moves_wanted": 0, "vetoed": 0, "overridden": 0, "moved_back": 0,
                       "undone": 0, "tied_pairs": 0, "tied_donors": 0,
-                      "rise_floored": 0, "busy_floored": 0, "held_means": 0}
+                      "rise_floored": 0, "busy_floored": 0, "held_means": 0,
+                      "held_mean_vetoes": 0}
 
     def register(self, key: str) -> str:
         """Make this in-memory policy loadable as ``policy_path=key`` (evaluation, tests)."""
@@ -708,7 +723,9 @@ class RLPolicyRunner:
             fs.tick()
             fs.note_action(alloc, new)
             return new, what
-        if a == 0 and self.held_mean_ticks is not None and (held := self._held_mean_move(
+        noted = a == 0 and (self.held_mean_ticks is not None or self.net_move_held_mean_ticks is not None) \
+            and self._note_hold(obs, mask, alloc, moving, budget, caps, limits, fs, memory_bound)
+        if noted and self.held_mean_ticks is not None and (held := self._held_mean_move(
                 obs, mask, alloc, moving, budget, caps, limits, fs, min_gain, memory_bound)) is not None:
             new, what = held
             self.stats["held_means"] += 1
@@ -733,6 +750,12 @@ class RLPolicyRunner:
         if (self.one_slot_after_aged_limit and 1 <= a <= min(K_MAX, len(specs))
                 and (aged := fs.scaling.aged_out.get(name)) is not None and new[name] > aged):
             what += f": the step past {aged} slots measured again (its limit there ended)"
+        if (new != alloc and 1 <= a <= min(K_MAX, len(specs)) and self.credited(obs, fs, name) is None
+                and self.starved_donor(obs, fs, name) is None
+                and (veto := self._held_means_veto(alloc, new, caps, limits, fs)) is not None):
+            self.stats["held_mean_vetoes"] += 1
+            what, new = f"hold, not {what}{veto}", dict(alloc)
+            self._note_hold(obs, mask, alloc, moving, budget, caps, limits, fs, memory_bound)  # a hold, as any
         if new == alloc:
             fs.climbing = False  # it held with every operator measured: what follows refines, one operator a move
         if self.chain_slots and fs.climbing and 1 <= a <= K_MAX and new != alloc:
@@ -858,22 +881,14 @@ class RLPolicyRunner:
     def _held_mean_move(self, obs: Observation, mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec],
                         budget: float, caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState,
                         min_gain: float, memory_bound: bool) -> tuple[Allocation, str] | None:
-        """Note this hold's bottleneck and its "+1"'s predicted gain; ``(new allocation, why)`` for a "+1" whose
-        mean gain over the last ``held_mean_ticks`` holds at this allocation clears the mean's bar, else None."""
+        """``(new allocation, why)`` for a "+1" whose mean gain over the last ``held_mean_ticks`` holds at this
+        allocation (``_note_hold``, this one included) clears the mean's bar, else None."""
         names = [s.name for s in specs[:K_MAX]]
         model = self._model_limits(limits, alloc, fs)
 
         def grown(name: str, read: Mapping[str, float | None]) -> tuple[Allocation, float] | None:
-            k = names.index(name)
-            if not mask[1 + k] or (name in limits and alloc[name] >= limits[name]):
-                return None
-            return self._plus_one(1 + k, alloc, specs, budget, read, memory_bound, model)
+            return self._held_plus_one(name, names, mask, alloc, specs, budget, read, limits, memory_bound, model)
 
-        b = _least(caps)
-        if b not in names:
-            return None
-        now = grown(b, caps)
-        fs.note_held_gain(obs.t, alloc, b, 0.0 if now is None else max(now[1], 0.0), caps, obs.ops)
         n = self.held_mean_ticks
         held = fs.held_at(alloc, fs.cost_shift_t)[-n:]
         if len(held) < n:
@@ -919,6 +934,61 @@ class RLPolicyRunner:
                          f" binding after it grown too predict {gain:+.0%} on the averages over the last {n} holds")
         fs.held_gains.clear()  # judged: the next holds are at the allocation it makes
         return move[0], f"+1 {name}: {why}; a mean of {n} must clear {bar:.0%} (one reading {min_gain:.0%})"
+
+    def _held_plus_one(self, name: str, names: Sequence[str], mask: np.ndarray, alloc: Allocation,
+                       specs: Sequence[OpSpec], budget: float, read: Mapping[str, float | None],
+                       limits: dict[str, int], memory_bound: bool,
+                       model: dict[str, int] | None) -> tuple[Allocation, float] | None:
+        """"+1 ``name``" on the capacities ``read`` as a hold's rules judge it: None where the mask or its measured
+        limit rules it out (``_plus_one`` otherwise)."""
+        k = names.index(name)
+        if not mask[1 + k] or (name in limits and alloc[name] >= limits[name]):
+            return None
+        return self._plus_one(1 + k, alloc, specs, budget, read, memory_bound, model)
+
+    def _note_hold(self, obs: Observation, mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec],
+                   budget: float, caps: dict[str, float | None], limits: dict[str, int], fs: FeatureState,
+                   memory_bound: bool) -> bool:
+        """Note this hold's bottleneck and its "+1"'s predicted gain (``FeatureState.note_held_gain``); False
+        where the bottleneck is no operator the policy moves (nothing noted)."""
+        names = [s.name for s in specs[:K_MAX]]
+        b = _least(caps)
+        if b not in names:
+            return False
+        now = self._held_plus_one(b, names, mask, alloc, specs, budget, caps, limits, memory_bound,
+                                  self._model_limits(limits, alloc, fs))
+        fs.note_held_gain(obs.t, alloc, b, 0.0 if now is None else max(now[1], 0.0), caps, obs.ops)
+        return True
+
+    def _held_means_veto(self, alloc: Allocation, new: Allocation, caps: dict[str, float | None],
+                         limits: dict[str, int], fs: FeatureState) -> str | None:
+        """Why the move to ``new`` is not made, for the decision log: at an allocation held
+        ``net_move_held_mean_ticks`` ticks in a row, the operators' capacities averaged over those holds and
+        this reading (``caps``) predict less than the bar from it; None where they predict it, or too few
+        holds (or readings) are there to average."""
+        n = self.net_move_held_mean_ticks
+        if n is None:
+            return None
+        held = fs.held_at(alloc, fs.cost_shift_t)[-n:]
+        if len(held) < n:
+            return None
+        reads = {m: [h.caps.get(m) for h in held] + [c] for m, c in caps.items()}
+        means = {m: float(np.mean(r)) if all(v is not None for v in r) else None for m, r in reads.items()}
+        model = self._model_limits(limits, alloc, fs)
+        now, after = predicted_bottleneck(alloc, means, alloc, model), predicted_bottleneck(alloc, means, new, model)
+        one_now, one_after = predicted_bottleneck(alloc, caps, alloc, model), predicted_bottleneck(alloc, caps, new, model)
+        if not (math.isfinite(now) and now > 0 and math.isfinite(one_now) and one_now > 0):
+            return None
+        gain = after / now - 1.0
+        bar = self.shield_min_gain
+        if self.net_move_held_mean_noise_k > 0:
+            b = _least(means)
+            bar = max(bar, self.net_move_held_mean_noise_k * fs.scaling.noise.get(b, 0.0) / math.sqrt(n + 1))
+        if gain >= bar:
+            return None
+        return (f": this reading predicts {one_after / one_now - 1.0:+.0%} from it, the capacities averaged over the"
+                f" last {n} holds at these slots and it {gain:+.0%} (bottleneck {_least(means)} at"
+                f" {now:,.0f} samples/s; a move must clear {bar:.0%})")
 
     def _held_mean_group(self, name: str, held: Sequence[Hold],
                          mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
