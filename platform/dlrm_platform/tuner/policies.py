@@ -756,7 +756,6 @@ class RLPolicy(Policy):
                           "rl_held_mean_by_capacity": ("held_mean_by_capacity", bool),
                           "rl_net_move_held_mean_ticks": ("net_move_held_mean_ticks",
                                                           lambda v: None if v is None else int(v)),
-                          "rl_net_move_held_mean_noise_k": ("net_move_held_mean_noise_k", float),
                           "rl_held_mean_group_slots": ("held_mean_group_slots", int),
                           "rl_held_mean_group_own_share": ("held_mean_group_own_share",
                                                            lambda v: None if v is None else float(v)),

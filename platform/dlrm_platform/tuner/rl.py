@@ -62,11 +62,12 @@ def _least(caps: dict[str, float | None]) -> str:
     return min(known, key=known.__getitem__) if known else ""
 
 
-def _held_means(held: Sequence[Hold]) -> dict[str, float | None]:
-    """Each operator's capacity averaged over the ``held`` holds (``FeatureState.held_at``), the latest last;
-    None for one not read in every hold."""
-    return {m: float(np.mean(read)) if len(read := [h.caps[m] for h in held if h.caps.get(m) is not None]) == len(held)
-            else None for m in held[-1].caps}
+def _held_means(held: Sequence[Hold], latest: Mapping[str, float | None] | None = None) -> dict[str, float | None]:
+    """Each operator's capacity averaged over the ``held`` holds (``FeatureState.held_at``), the latest last, and
+    ``latest``, one more reading after them where given; None for one not read in every one of them."""
+    reads = [h.caps for h in held] + ([latest] if latest is not None else [])
+    return {m: float(np.mean([r[m] for r in reads])) if all(r.get(m) is not None for r in reads) else None
+            for m in reads[-1]}
 
 
 class RLPolicyRunner:
@@ -516,10 +517,8 @@ class RLPolicyRunner:
     #: Simulated (10 seeds, 10 shift seeds, 48 held out): with 4, 0.970 / 0.966 of the optimum with / without
     #: warm-ups against 0.961 / 0.961 off (wide_skewed at 0.4 noise 0.912 against 0.896, dlrm_preprocessing
     #: 0.951 against 0.919), held out 0.974 as off, shift recovery mean 2.42 s against 2.36; with 6, 0.966 /
-    #: 0.963; with 3, 0.963 / 0.967 (tuner/README.md, run 82) ...
+    #: 0.963; with 3, 0.963 / 0.967 (tuner/README.md, run 82)
     net_move_held_mean_ticks: int | None = 4
-    #: ... and, where this is above 0, that many times the bottleneck's noise over sqrt(holds + 1) on the averages
-    net_move_held_mean_noise_k: float = 0.0
     #: an operator's slots unchanged for this many steps: its capacity is a point of its scaling curve
     steady_steps = 3
     #: its operators' rates count from this many seconds after the pass's first delivered rows: live,
@@ -734,6 +733,7 @@ class RLPolicyRunner:
             return new, what
         # the net picks the operator; the measured rates say how many slots the move gives it
         most = self.max_repeat
+        target = told = None  # the slots a shift's credit, or its donor repair, grows the net's pick to
         if 1 <= a <= min(K_MAX, len(specs)):
             name = specs[a - 1].name
             bar = min_gain if self.clear_bar and self._waited_on(obs, alloc, fs, name) else None
@@ -750,8 +750,7 @@ class RLPolicyRunner:
         if (self.one_slot_after_aged_limit and 1 <= a <= min(K_MAX, len(specs))
                 and (aged := fs.scaling.aged_out.get(name)) is not None and new[name] > aged):
             what += f": the step past {aged} slots measured again (its limit there ended)"
-        if (new != alloc and 1 <= a <= min(K_MAX, len(specs)) and self.credited(obs, fs, name) is None
-                and self.starved_donor(obs, fs, name) is None
+        if (new != alloc and 1 <= a <= min(K_MAX, len(specs)) and target is None and told is None
                 and (veto := self._held_means_veto(alloc, new, caps, limits, fs)) is not None):
             self.stats["held_mean_vetoes"] += 1
             what, new = f"hold, not {what}{veto}", dict(alloc)
@@ -964,31 +963,26 @@ class RLPolicyRunner:
                          limits: dict[str, int], fs: FeatureState) -> str | None:
         """Why the move to ``new`` is not made, for the decision log: at an allocation held
         ``net_move_held_mean_ticks`` ticks in a row, the operators' capacities averaged over those holds and
-        this reading (``caps``) predict less than the bar from it; None where they predict it, or too few
-        holds (or readings) are there to average."""
+        this reading (``caps``) predict less than ``shield_min_gain`` from it; None where they predict it, or too
+        few holds (or readings) are there to average."""
         n = self.net_move_held_mean_ticks
         if n is None:
             return None
         held = fs.held_at(alloc, fs.cost_shift_t)[-n:]
         if len(held) < n:
             return None
-        reads = {m: [h.caps.get(m) for h in held] + [c] for m, c in caps.items()}
-        means = {m: float(np.mean(r)) if all(v is not None for v in r) else None for m, r in reads.items()}
+        means = _held_means(held, caps)
         model = self._model_limits(limits, alloc, fs)
-        now, after = predicted_bottleneck(alloc, means, alloc, model), predicted_bottleneck(alloc, means, new, model)
-        one_now, one_after = predicted_bottleneck(alloc, caps, alloc, model), predicted_bottleneck(alloc, caps, new, model)
+        now, one_now = predicted_bottleneck(alloc, means, alloc, model), predicted_bottleneck(alloc, caps, alloc, model)
         if not (math.isfinite(now) and now > 0 and math.isfinite(one_now) and one_now > 0):
             return None
-        gain = after / now - 1.0
-        bar = self.shield_min_gain
-        if self.net_move_held_mean_noise_k > 0:
-            b = _least(means)
-            bar = max(bar, self.net_move_held_mean_noise_k * fs.scaling.noise.get(b, 0.0) / math.sqrt(n + 1))
-        if gain >= bar:
+        gain = predicted_bottleneck(alloc, means, new, model) / now - 1.0
+        if gain >= self.shield_min_gain:
             return None
-        return (f": this reading predicts {one_after / one_now - 1.0:+.0%} from it, the capacities averaged over the"
-                f" last {n} holds at these slots and it {gain:+.0%} (bottleneck {_least(means)} at"
-                f" {now:,.0f} samples/s; a move must clear {bar:.0%})")
+        one = predicted_bottleneck(alloc, caps, new, model) / one_now - 1.0
+        return (f": this reading predicts {one:+.0%} from it, the capacities averaged over the last {n} holds at"
+                f" these slots and it {gain:+.0%} (bottleneck {_least(means)} at {now:,.0f} samples/s; a move must"
+                f" clear {self.shield_min_gain:.0%})")
 
     def _held_mean_group(self, name: str, held: Sequence[Hold],
                          mask: np.ndarray, alloc: Allocation, specs: Sequence[OpSpec], budget: float,
