@@ -260,6 +260,54 @@ def test_auto_running_the_oracles_configuration_passes_despite_run_to_run_drift(
     assert rep["figures"]["auto"]["noise"] == rep["figures"]["oracle"]["noise"] == bench.POOLED_NOISE
 
 
+def test_the_runs_of_policies_that_left_the_oracles_own_configuration_as_it_was_count_as_the_oracles(
+        bench, monkeypatch, tmp_path):
+    # the demo of run 83: every policy runs the fused default and decides nothing; the oracle's one re-measurement
+    # reads high (852k), the other runs of that same pipeline 700-822k
+    def sps_of(extra, call):
+        if extra == [STATIC]:
+            return 750_000.0 if call == 0 else 850_000.0
+        if extra == bench.PIPELINE_STATICS["fused 4 x 0.25 CPU"]:
+            return 740_000.0 if call == 0 else 760_000.0
+        return {"tuner.policy=rl": 730_000.0, "tuner.policy=plumber": 720_000.0}.get(
+            next((o for o in extra if o.startswith("tuner.policy=") and o != STATIC), ""), 300_000.0)
+
+    fake_pipelines(bench, monkeypatch, sps_of)
+    real = bench.pipeline_under
+
+    def pipeline_under(overrides, seconds, workdir, data_cpus=1.0):
+        res = real(overrides, seconds, workdir, data_cpus)
+        fused = "ingest.fusion=off" not in overrides  # rl too: fused, as on the demo
+        res["pipeline"] = "fused: ..." if fused else "split: ..."
+        res["tuner"] = {**res["tuner"], "final_allocation": {"read": 2} if fused else {"read": 1, "parse": 2},
+                        "decisions": 3 if "tuner.policy=plumber" in overrides else 0}
+        return res
+
+    monkeypatch.setattr(bench, "pipeline_under", pipeline_under)
+    rep = bench.pipeline_comparison(BASE, ("static", "plumber", "rl"), 10.0, tmp_path)
+    assert rep["oracle"] == DEFAULT_TASKS
+    # static and rl ran it as it was; plumber decided (3 decisions): its runs are its own
+    assert rep["oracle_runs"] == {"re-measurements": 1, "policies": ["static", "rl"]}
+    pooled = [850_000.0] + rep["runs"]["static"] + rep["runs"]["rl"]
+    assert rep["figures"]["oracle"]["n"] == 5 and rep["throughput"]["oracle"] == pytest.approx(sum(pooled) / 5)
+    assert rep["vs_oracle"]["rl"] == pytest.approx(730_000.0 / (sum(pooled) / 5))
+    # where the oracle is another configuration (fused 4 x 0.25 CPU) no policy ran it: its re-measurements alone
+    monkeypatch.setattr(bench, "PIPELINE_STATICS", {k: v for k, v in bench.PIPELINE_STATICS.items() if k != DEFAULT_TASKS})
+    rep = bench.pipeline_comparison(BASE, ("static", "plumber", "rl"), 10.0, tmp_path)
+    assert rep["oracle"] == "fused 4 x 0.25 CPU" and rep["oracle_runs"]["policies"] == []
+    assert rep["figures"]["oracle"]["n"] == 1 and rep["throughput"]["oracle"] == 760_000.0
+
+
+def test_ran_unchanged_asks_for_the_same_pipeline_the_same_counts_and_no_decision(bench):
+    static = {"pipeline": "fused: x", "tuner": {"final_allocation": {"read": 3}, "decisions": 0}}
+    assert bench.ran_unchanged([static, static], [static])
+    assert not bench.ran_unchanged([{**static, "tuner": {"final_allocation": {"read": 3}}}], [static])  # not told
+    assert not bench.ran_unchanged([{**static, "tuner": {"final_allocation": {"read": 4}, "decisions": 0}}], [static])
+    assert not bench.ran_unchanged([{**static, "tuner": {"final_allocation": {"read": 3}, "decisions": 1}}], [static])
+    assert not bench.ran_unchanged([{**static, "pipeline": "split: x"}], [static])
+    assert not bench.ran_unchanged([], [static])
+
+
 def test_a_policy_beyond_the_oracle_in_every_run_still_fails_under_drift(bench, monkeypatch, tmp_path):
     sps_of = drifting(lambda extra: 130.0 if "tuner.policy=rl" in extra else 100.0, 0.02)
     fake_pipelines(bench, monkeypatch, sps_of, ci=0.5)
